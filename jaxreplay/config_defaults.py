@@ -1,0 +1,99 @@
+"""Every key a jaxreplay run reads, with its default and unit. Config files start from `base_config()`.
+
+Counts of rollouts (N, B, R) follow the paper: one rollout = one completion of one prompt.
+Configs are locked by the launcher: a misspelled key on the command line is an error naming it.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.total_steps = 100              # gradient steps (= policy versions produced)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"          # jaxreplay.models.presets name, used when `path` is empty
+  c.model.path = ""                # HF model dir (config.json + *.safetensors) to start from
+  c.model.tokenizer = ""           # tokenizer dir; empty: the model dir
+  c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
+  c.model.param_dtype = "float32"
+  c.model.remat = False
+  c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "arithmetic"       # arithmetic | math
+  c.task.path = ""                 # math: a local JSONL / parquet file
+  c.task.problem_key = "problem"
+  c.task.answer_key = "answer"
+  c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
+  c.task.num_digits = (1, 2)       # arithmetic operand digits (min, max)
+  c.task.ops = "+"
+  c.task.held_out = 128            # held-out problems for evaluation
+  c.task.reward_timeout_s = 5.0
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
+  c.rollout.num_workers = 1        # W
+  c.rollout.group_size = 16        # G completions per prompt
+  c.rollout.prompts_per_request = 4
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_tokens = 64
+  c.rollout.refresh_every = 1      # trainer steps between worker weight refreshes
+  c.rollout.vllm_kv_cache_gib = 1
+  c.rollout.sampler_batch_size = 64
+
+  c.buffer = ml_collections.ConfigDict()
+  c.buffer.size = 84               # N, in rollouts
+  c.buffer.batch_size = 60         # B, rollouts per gradient step
+  c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
+  c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
+
+  c.trainer = ml_collections.ConfigDict()
+  c.trainer.num_devices = 1        # T, trainer devices (for the mesh and the compute accounting)
+  c.trainer.mesh_shape = (1, -1, 1)  # (data, fsdp, tensor)
+  c.trainer.loss = "grpo"          # grpo | asymre
+  c.trainer.eps_low = 0.2
+  c.trainer.eps_high = 0.2
+  c.trainer.tau = -0.1             # AsymRE baseline shift
+  c.trainer.adv_eps = 1e-6
+  c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
+  c.trainer.kl_coef = 0.0
+  c.trainer.tis_cap = 0.0          # truncated importance sampling cap C (0 = off)
+  c.trainer.learning_rate = 1e-6
+  c.trainer.warmup_steps = 0
+  c.trainer.schedule = "constant"  # constant | cosine
+  c.trainer.weight_decay = 0.0
+  c.trainer.b1 = 0.9
+  c.trainer.b2 = 0.999
+  c.trainer.max_grad_norm = 1.0
+  c.trainer.num_microbatches = 1
+  c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
+  c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+  c.scheduler = ml_collections.ConfigDict()
+  c.scheduler.kind = "simulated"   # simulated (deterministic virtual time) | async (real concurrency)
+  # Simulated costs in virtual device-seconds. mu = B * gen_seconds_per_rollout / train_seconds_per_step.
+  c.scheduler.mu = 6.84            # generation / training cost per update (paper: Qwen3-0.6B)
+  c.scheduler.train_seconds_per_step = 1.0
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 20                # steps; 0 = only at the end
+  c.eval.num_problems = 64
+  c.eval.n_samples = 16
+  c.eval.ks = (1, 2, 4, 8, 16)
+  c.eval.temperature_pass1 = 0.1
+  c.eval.temperature_passk = 1.0
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 20          # steps
+  c.checkpoint.keep = 2
+  c.export_hf_every = 0            # steps between DIR/hf exports; 0 = at checkpoints and the end
+
+  c.log = ml_collections.ConfigDict()
+  c.log.every_s = 10.0
+  c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
+  return c

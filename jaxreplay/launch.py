@@ -1,0 +1,45 @@
+r"""Entry point: `python -m jaxreplay.launch --config=configs/tiny.py --workdir=runs/tiny`.
+
+Config values are overridden on the command line (`--config.buffer.size=84`); the config is locked, so a
+misspelled key is an error that names it. Re-running the same command resumes from the newest
+checkpoint in --workdir.
+"""
+from __future__ import annotations
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Python config file whose get_config() returns the run's ConfigDict.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory: metrics.jsonl, TensorBoard events, checkpoints, hf/ export.")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "Multi-host: this process's index (jax.distributed).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Multi-host: number of trainer processes (jax.distributed).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-host: host:port of process 0 (jax.distributed).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _COORDINATOR.value or _NUM_PROCESSES.value:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  from jaxreplay import pipeline  # pylint: disable=g-import-not-at-top
+  workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
+  logging.info("workdir: %s", workdir)
+  summary = pipeline.run(_CONFIG.value, workdir)
+  logging.info("finished: %s", summary)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,254 @@
+"""The functional Qwen3 / Qwen2.5 / Llama-3 decoder over a parameter pytree.
+
+Parameters are a nested dict (see WORKSPACE.md); per-layer arrays are stacked on axis 0 and the
+forward `jax.lax.scan`s over them. Linear kernels are stored [in, out].
+
+Numerics follow transformers: RMSNorm normalises in float32 and multiplies by `weight` (not 1 + weight);
+RoPE is the split-half (rotate_half) layout with transformers' inv_freq (default or llama3 scaling);
+Qwen3 applies q_norm / k_norm per head before RoPE; Qwen2 has q/k/v biases; the MLP is SwiGLU.
+Matmuls run in `cfg.compute_dtype` with float32 accumulation; attention softmax and logits are float32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxreplay.models.config import ModelConfig
+
+# Masked attention scores get this finite value (not -inf), so a fully masked row (padding) yields a
+# uniform softmax instead of NaN.
+MASK_VALUE = float(np.finfo(np.float32).min)
+
+Params = dict
+# attend(q [B,T,Hq,hd], k [B,T,Hkv,hd], v [B,T,Hkv,hd]) -> (out [B,T,Hq,hd], aux); lets decode.py
+# route K/V through its cache (aux carries what it needs back) while sharing the rest of the layer.
+AttendFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
+def check_supported(cfg: ModelConfig) -> None:
+  """Raises ValueError for configs the parameter pytree cannot represent."""
+  if cfg.attention_bias and cfg.model_type != "qwen2":
+    raise ValueError(
+        f"attention_bias=True for model_type={cfg.model_type!r} also implies an o_proj bias in "
+        "transformers, which the jaxreplay parameter pytree does not hold; only qwen2 (q/k/v biases, "
+        "no o_proj bias) is supported with attention_bias=True")
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+
+def param_shapes(cfg: ModelConfig) -> dict:
+  """The parameter pytree's shapes as nested dict of tuples."""
+  d, f, hd, v, n = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size,
+                    cfg.num_hidden_layers)
+  q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+  layers = {
+      "input_layernorm": (n, d),
+      "q_proj": (n, d, q), "k_proj": (n, d, kv), "v_proj": (n, d, kv), "o_proj": (n, q, d),
+      "post_attention_layernorm": (n, d),
+      "gate_proj": (n, d, f), "up_proj": (n, d, f), "down_proj": (n, f, d),
+  }
+  if cfg.attention_bias:
+    layers.update(q_bias=(n, q), k_bias=(n, kv), v_bias=(n, kv))
+  if cfg.qk_norm:
+    layers.update(q_norm=(n, hd), k_norm=(n, hd))
+  shapes = {"embed_tokens": (v, d), "layers": layers, "norm": (d,)}
+  if not cfg.tie_word_embeddings:
+    shapes["lm_head"] = (d, v)
+  return shapes
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, std: float = 0.02) -> Params:
+  """Random parameters in `cfg.params_dtype`: N(0, std) matrices, ones for norms, zeros for biases.
+
+  `std` defaults to transformers' `initializer_range`. Works under `jax.eval_shape` (no allocation).
+  """
+  check_supported(cfg)
+  shapes = param_shapes(cfg)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(rng, len(flat))
+  dtype = cfg.params_dtype
+  leaves = []
+  for key, (path, shape) in zip(keys, flat):
+    name = path[-1].key
+    if name.endswith("norm"):
+      leaves.append(jnp.ones(shape, dtype))
+    elif name.endswith("bias"):
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+# ---- building blocks ----------------------------------------------------------------------------
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis: normalise in float32, cast back to x.dtype, then multiply by weight."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return x32.astype(x.dtype) * weight.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """float32 [head_dim // 2] inverse frequencies, as transformers computes them (default / llama3)."""
+  dim = cfg.head_dim
+  inv_freq = 1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+  inv_freq = inv_freq.astype(np.float32)
+  scaling = cfg.rope_scaling_dict
+  if scaling is None or scaling.get("rope_type", "default") == "default":
+    return inv_freq
+  if scaling["rope_type"] != "llama3":
+    raise ValueError(f"unsupported rope scaling {scaling!r}; supported: default, llama3")
+  factor = scaling["factor"]
+  low_freq_factor, high_freq_factor = scaling["low_freq_factor"], scaling["high_freq_factor"]
+  old_context_len = scaling["original_max_position_embeddings"]
+  low_freq_wavelen = old_context_len / low_freq_factor
+  high_freq_wavelen = old_context_len / high_freq_factor
+  wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq).astype(np.float32)
+  smooth = ((old_context_len / wavelen - low_freq_factor) /
+            (high_freq_factor - low_freq_factor)).astype(np.float32)
+  smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
+  is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+  return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotates x [B, T, H, hd] by int positions [B, T] (split-half layout); computed in float32."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, hd/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]          # [B, T, 1, hd]
+  cos, sin = jnp.cos(emb), jnp.sin(emb)
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def _dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """x [..., in] @ kernel [in, out] in x.dtype with float32 accumulation."""
+  y = jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype), preferred_element_type=jnp.float32)
+  return y.astype(x.dtype)
+
+
+def attention_mask(segment_ids: jax.Array) -> jax.Array:
+  """bool [B, T, T]: query t sees key s iff s <= t (array order) and both are in one nonzero segment."""
+  t = segment_ids.shape[1]
+  causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return causal[None] & same & (segment_ids[:, None, :] != 0)
+
+
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention.
+
+  q [B, T, Hq, hd], k/v [B, S, Hkv, hd], mask bool [B, T, S] -> [B, T, Hq, hd] in q.dtype.
+  Scores and softmax are float32; masked scores are MASK_VALUE so fully masked rows stay finite.
+  """
+  b, t, hq, hd = q.shape
+  hkv = k.shape[2]
+  q = q.reshape(b, t, hkv, hq // hkv, hd)
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores * (hd ** -0.5)
+  scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+  return out.reshape(b, t, hq, hd).astype(q.dtype)
+
+
+def project_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, positions: jax.Array):
+  """x [B, T, D] (already input-normed) -> q [B,T,Hq,hd], k, v [B,T,Hkv,hd]; q/k normed and rotated."""
+  b, t, _ = x.shape
+  hd = cfg.head_dim
+  q, k, v = _dense(x, lp["q_proj"]), _dense(x, lp["k_proj"]), _dense(x, lp["v_proj"])
+  if cfg.attention_bias:
+    q = q + lp["q_bias"].astype(q.dtype)
+    k = k + lp["k_bias"].astype(k.dtype)
+    v = v + lp["v_bias"].astype(v.dtype)
+  q = q.reshape(b, t, cfg.num_attention_heads, hd)
+  k = k.reshape(b, t, cfg.num_key_value_heads, hd)
+  v = v.reshape(b, t, cfg.num_key_value_heads, hd)
+  if cfg.qk_norm:
+    q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+    k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+  inv_freq = rope_inv_freq(cfg)
+  return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def mlp(lp: Params, x: jax.Array) -> jax.Array:
+  """SwiGLU: down(silu(gate(x)) * up(x)); x [B, T, D]."""
+  return _dense(jax.nn.silu(_dense(x, lp["gate_proj"])) * _dense(x, lp["up_proj"]), lp["down_proj"])
+
+
+def block(cfg: ModelConfig, lp: Params, x: jax.Array, positions: jax.Array,
+          attend: AttendFn) -> tuple[jax.Array, Any]:
+  """One decoder layer (pre-norm attention + pre-norm MLP) on x [B, T, D] with one layer's params.
+
+  Returns (x [B, T, D], the aux output of `attend`)."""
+  h = rms_norm(x, lp["input_layernorm"], cfg.rms_norm_eps)
+  q, k, v = project_qkv(cfg, lp, h, positions)
+  a, aux = attend(q, k, v)
+  x = x + _dense(a.reshape(*a.shape[:2], -1), lp["o_proj"])
+  h = rms_norm(x, lp["post_attention_layernorm"], cfg.rms_norm_eps)
+  return x + mlp(lp, h), aux
+
+
+def embed(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+  """int tokens [B, T] -> [B, T, D] in the compute dtype."""
+  return jnp.take(params["embed_tokens"], tokens, axis=0).astype(cfg.compute_dtype)
+
+
+def lm_head(cfg: ModelConfig, params: Params, h: jax.Array) -> jax.Array:
+  """Final-normed hidden [..., D] -> float32 logits [..., V] (tied: embed_tokens transposed)."""
+  dtype = h.dtype
+  if cfg.tie_word_embeddings:
+    return jnp.einsum("...d,vd->...v", h, params["embed_tokens"].astype(dtype),
+                      preferred_element_type=jnp.float32)
+  return jnp.einsum("...d,dv->...v", h, params["lm_head"].astype(dtype),
+                    preferred_element_type=jnp.float32)
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+def _defaults(tokens, positions, segment_ids):
+  b, t = tokens.shape
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  if segment_ids is None:
+    segment_ids = jnp.ones((b, t), jnp.int32)
+  return positions, segment_ids
+
+
+def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
+                  positions: Optional[jax.Array] = None,
+                  segment_ids: Optional[jax.Array] = None) -> jax.Array:
+  """Final-normed hidden states [B, T, D] in the compute dtype.
+
+  tokens int32 [B, T]; positions int32 [B, T] (default arange) feed RoPE; segment_ids int32 [B, T]
+  (default all ones), 0 = padding: a token attends to earlier tokens of its own nonzero segment.
+  """
+  check_supported(cfg)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [batch, seq] int32, got shape {tokens.shape}")
+  positions, segment_ids = _defaults(tokens, positions, segment_ids)
+  mask = attention_mask(segment_ids)
+  attend = lambda q, k, v: (dot_product_attention(q, k, v, mask), None)
+
+  def layer(x, lp):
+    return block(cfg, lp, x, positions, attend)
+
+  if cfg.remat:
+    layer = jax.checkpoint(layer, prevent_cse=False)
+  x, _ = jax.lax.scan(layer, embed(cfg, params, tokens), params["layers"])
+  return rms_norm(x, params["norm"], cfg.rms_norm_eps)
+
+
+def apply(cfg: ModelConfig, params: Params, tokens: jax.Array,
+          positions: Optional[jax.Array] = None,
+          segment_ids: Optional[jax.Array] = None) -> jax.Array:
+  """float32 logits [B, T, V]; arguments as in `hidden_states`. Materialises all of [B, T, V]:
+  for training use `logprobs.token_logprobs`, which chunks over T."""
+  return lm_head(cfg, params, hidden_states(cfg, params, tokens, positions, segment_ids))

@@ -1,0 +1,439 @@
+"""The vLLM rollout backend: an in-process engine and the same engine in its own process.
+
+`VllmEngine` wraps an offline `vllm.LLM` (no tokenizer: prompts are token ids) and implements the
+`RolloutWorker` protocol. `VllmWorkerProcess` runs a `VllmEngine` in a spawned child process and is
+a `RolloutWorker` proxy in the parent, so that W engines can run beside the JAX trainer (vLLM and
+JAX must not share a process in the async pipeline).
+
+Log-prob semantics (vLLM 0.32, `logprobs_mode="processed_logprobs"`, the default here): the
+log-prob of each sampled token is taken from the distribution it was actually sampled from, i.e.
+`log_softmax(top_k_top_p_filter(logits / temperature))` in float32, filtered tokens at -inf and
+the kept ones renormalised. At temperature 0 (greedy) vLLM returns `log_softmax(logits)` (no
+temperature). `logprobs_mode="raw_logprobs"` instead returns `log_softmax(logits)` whatever the
+sampling settings. The JAX sampler follows the processed semantics.
+
+Weight refresh: `update_weights(hf_dir, version)` reloads the safetensors written by
+`models.save_hf` in one RPC (`reload_weights`) and resets the prefix cache. On CPU, vLLM keeps a
+packed copy of each linear weight; with tied embeddings the LM head is not reloaded itself (its
+weight is the embedding's) so its packed copy would stay stale: it is re-packed after the reload.
+`generate` and `update_weights` hold one lock, so no request straddles a refresh, and every Group
+carries the version of the weights that generated it.
+"""
+from __future__ import annotations
+
+import gc
+import glob
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+import traceback
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from jaxreplay.rollout.base import Completion, Group, SamplingParams
+
+# Set in the engine's process before vLLM is imported (defaults; the caller's values win).
+_DEFAULT_ENV = {
+    # The offline engine in the calling process (~3 s start) instead of an engine-core process.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU.
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+_LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+
+
+class WorkerDied(RuntimeError):
+  """A rollout worker's process is gone (crashed, killed, or stopped answering)."""
+
+
+def _apply_default_env(env: Optional[dict[str, str]] = None) -> None:
+  for key, value in _DEFAULT_ENV.items():
+    os.environ.setdefault(key, value)
+  os.environ.update(env or {})
+
+
+def _reload_worker_weights(worker, weights_path: str) -> None:
+  """Runs inside vLLM's worker: reloads all weights from `weights_path`, re-packs a tied LM head."""
+  worker.reload_weights(weights_path=weights_path)
+  model = worker.model_runner.get_model()
+  lm_head = getattr(model, "lm_head", None)
+  quant_method = getattr(lm_head, "quant_method", None)
+  if getattr(model.config, "tie_word_embeddings", False) and quant_method is not None:
+    quant_method.process_weights_after_loading(lm_head)
+
+
+def _check_hf_dir(hf_dir: str) -> None:
+  if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with models.save_hf(cfg, params, "
+                            "dir) or WeightPublisher.publish")
+  if not glob.glob(os.path.join(hf_dir, "*.safetensors")):
+    raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with models.save_hf")
+
+
+def request_seed(engine_seed: int, sampling_seed: int, call_index: int, prompt_index: int) -> int:
+  """The vLLM seed of one prompt's request (its n samples use seed + 0..n-1), in [0, 2**31).
+
+  Distinct per call and prompt so that repeated calls with the same SamplingParams draw fresh
+  samples, yet a run is reproducible from (engine seed, sequence of calls).
+  """
+  state = np.random.SeedSequence([engine_seed, sampling_seed, call_index, prompt_index])
+  return int(state.generate_state(1, np.uint32)[0] >> 1)
+
+
+class VllmEngine:
+  """An in-process offline vLLM engine behind the `RolloutWorker` protocol.
+
+  Args:
+    hf_dir: a directory written by `models.save_hf` (config.json + safetensors).
+    policy_version: the version tag of the weights in `hf_dir`.
+    max_model_len: the longest prompt + completion, in tokens.
+    max_num_seqs: how many sequences vLLM batches at once.
+    dtype: vLLM's compute dtype ("float32" on CPU, "bfloat16" on GPU).
+    seed: the engine seed; request seeds derive from it (see `request_seed`).
+    enforce_eager: no CUDA graphs / torch.compile of the model (start-up in seconds on CPU).
+    logprobs_mode: "processed_logprobs" (default, see the module docstring) or "raw_logprobs".
+    disable_torch_compile: turns torch.compile off in this process. vLLM compiles small sampler
+      helpers with inductor, which costs ~15 s on the first request on a small CPU machine.
+    env: environment variables set before vLLM is imported (defaults: in-process engine core,
+      `VLLM_CPU_KVCACHE_SPACE=1` GiB, warnings-only logging).
+    engine_kwargs: more `vllm.LLM` keyword arguments (e.g. `gpu_memory_utilization`).
+  """
+
+  def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
+               max_num_seqs: int = 256, dtype: str = "float32", seed: int = 0,
+               enforce_eager: bool = True, logprobs_mode: str = "processed_logprobs",
+               disable_torch_compile: bool = True, env: Optional[dict[str, str]] = None,
+               engine_kwargs: Optional[dict[str, Any]] = None):
+    _check_hf_dir(hf_dir)
+    if logprobs_mode not in _LOGPROBS_MODES:
+      raise ValueError(f"logprobs_mode={logprobs_mode!r}; expected one of {_LOGPROBS_MODES}")
+    _apply_default_env(env)
+    if disable_torch_compile:
+      os.environ["TORCH_COMPILE_DISABLE"] = "1"
+    import torch  # pylint: disable=g-import-not-at-top
+    if disable_torch_compile:
+      torch._dynamo.config.disable = True  # pylint: disable=protected-access
+    import vllm  # pylint: disable=g-import-not-at-top
+    from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
+    self._vllm = vllm
+    self._tokens_prompt = TokensPrompt
+    self.seed = int(seed)
+    self.max_model_len = int(max_model_len)
+    self.logprobs_mode = logprobs_mode
+    self.policy_version = int(policy_version)
+    self._lock = threading.Lock()
+    self._calls = 0
+    self.num_generated_tokens = 0
+    self.generate_seconds = 0.0
+    self.last_update_seconds = 0.0
+    start = time.perf_counter()
+    kwargs = dict(model=hf_dir, skip_tokenizer_init=True, dtype=dtype, seed=self.seed,
+                  enforce_eager=enforce_eager, logprobs_mode=logprobs_mode,
+                  max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                  use_tqdm_on_load=False)
+    kwargs.update(engine_kwargs or {})
+    self._llm = vllm.LLM(**kwargs)
+    self.startup_seconds = time.perf_counter() - start
+    self.vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+
+  # ---- RolloutWorker ------------------------------------------------------------------------
+
+  def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
+    """Samples `n` completions per prompt (int32 [Lp] arrays); one Group per prompt, in order.
+
+    Each Completion has tokens int32 [L] and the sampler's log-probs float32 [L] of those tokens
+    (nats, processed semantics by default); a sampled stop token is kept as the last token.
+    """
+    prompts = self._check_prompts(prompts, n, sampling)
+    with self._lock:
+      llm = self._require_open()
+      version = self.policy_version
+      call_index = self._calls
+      self._calls += 1
+      requests = [self._tokens_prompt(prompt_token_ids=p.tolist()) for p in prompts]
+      params = [self._vllm_sampling(sampling, n, request_seed(self.seed, sampling.seed, call_index, i))
+                for i in range(len(prompts))]
+      start = time.perf_counter()
+      outputs = llm.generate(requests, params, use_tqdm=False)
+      self.generate_seconds += time.perf_counter() - start
+    groups = [self._to_group(p, out, n, version, i) for i, (p, out) in enumerate(zip(prompts, outputs))]
+    self.num_generated_tokens += sum(len(c.tokens) for g in groups for c in g.completions)
+    return groups
+
+  def update_weights(self, hf_dir: str, version: int) -> None:
+    """Loads the weights in `hf_dir` (from `models.save_hf`) in one RPC; later groups carry `version`."""
+    _check_hf_dir(hf_dir)
+    with self._lock:
+      llm = self._require_open()
+      start = time.perf_counter()
+      llm.collective_rpc(_reload_worker_weights, args=(os.path.abspath(hf_dir),))
+      if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
+      self.policy_version = int(version)
+      self.last_update_seconds = time.perf_counter() - start
+
+  def close(self) -> None:
+    """Shuts the engine down and frees its memory; a new engine can then start in this process."""
+    with self._lock:
+      llm, self._llm = self._llm, None
+    if llm is None:
+      return
+    try:
+      llm.llm_engine.engine_core.shutdown()
+    finally:
+      del llm
+      gc.collect()
+      from vllm.distributed import parallel_state  # pylint: disable=g-import-not-at-top
+      parallel_state.destroy_model_parallel()
+      parallel_state.destroy_distributed_environment()
+
+  def stats(self) -> dict[str, float]:
+    """Counters: policy_version, generated tokens, seconds in generate / last refresh / start-up."""
+    return {"policy_version": self.policy_version, "num_generated_tokens": self.num_generated_tokens,
+            "generate_seconds": self.generate_seconds, "last_update_seconds": self.last_update_seconds,
+            "startup_seconds": self.startup_seconds, "pid": os.getpid()}
+
+  # ---- helpers ------------------------------------------------------------------------------
+
+  def _require_open(self):
+    if self._llm is None:
+      raise RuntimeError("this VllmEngine is closed; create a new one")
+    return self._llm
+
+  def _check_prompts(self, prompts, n, sampling) -> list[np.ndarray]:
+    if not isinstance(sampling, SamplingParams):
+      raise TypeError(f"sampling must be a jaxreplay.rollout.SamplingParams, got {type(sampling)}")
+    if n < 1:
+      raise ValueError(f"n={n} must be >= 1")
+    if len(prompts) == 0:
+      raise ValueError("generate() got no prompts")
+    out = []
+    for i, p in enumerate(prompts):
+      p = np.asarray(p)
+      if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(f"prompt {i} must be a non-empty 1-D integer array, got shape {p.shape} "
+                         f"dtype {p.dtype}")
+      if p.min() < 0 or p.max() >= self.vocab_size:
+        raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
+      if p.size + sampling.max_tokens > self.max_model_len:
+        raise ValueError(f"prompt {i}: {p.size} tokens + max_tokens={sampling.max_tokens} exceeds "
+                         f"max_model_len={self.max_model_len}; raise max_model_len or shorten it")
+      out.append(p.astype(np.int32))
+    return out
+
+  def _vllm_sampling(self, sampling: SamplingParams, n: int, seed: int):
+    # ignore_eos: without a tokenizer vLLM knows no EOS; only `stop_token_ids` stop a sequence.
+    return self._vllm.SamplingParams(
+        n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True, seed=seed, logprobs=0, detokenize=False)
+
+  @staticmethod
+  def _to_group(prompt: np.ndarray, out, n: int, version: int, index: int) -> Group:
+    completions = []
+    for o in sorted(out.outputs, key=lambda o: o.index):
+      tokens = np.asarray(o.token_ids, np.int32)
+      if o.logprobs is None or len(o.logprobs) != len(tokens):
+        raise RuntimeError(f"vLLM returned {0 if o.logprobs is None else len(o.logprobs)} log-prob "
+                           f"entries for {len(tokens)} tokens")
+      logprobs = np.asarray([step[t].logprob for step, t in zip(o.logprobs, o.token_ids)], np.float32)
+      if o.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a request with reason {o.finish_reason!r}")
+      completions.append(Completion(tokens=tokens, logprobs=logprobs, finish_reason=o.finish_reason))
+    if len(completions) != n:
+      raise RuntimeError(f"vLLM returned {len(completions)} completions, expected n={n}")
+    return Group(prompt_tokens=prompt, completions=completions, policy_version=version,
+                 prompt_index=index)
+
+
+# ---- the engine in its own process ------------------------------------------------------------
+
+
+def _pack_exception(e: BaseException) -> tuple[Optional[bytes], str]:
+  text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+  try:
+    return pickle.dumps(e), text
+  except Exception:  # pylint: disable=broad-except
+    return None, text
+
+
+def _child_main(conn, engine_kwargs: dict[str, Any], env: dict[str, str]) -> None:
+  """The child's loop: build the engine, then serve commands until "close" or the parent is gone."""
+  _apply_default_env(env)
+  try:
+    engine = VllmEngine(**engine_kwargs)
+  except BaseException as e:  # pylint: disable=broad-except
+    conn.send(("error", _pack_exception(e)))
+    return
+  conn.send(("ready", engine.stats()))
+  handlers = {"generate": engine.generate, "update_weights": engine.update_weights,
+              "ping": lambda: engine.stats()}
+  while True:
+    try:
+      command, args = conn.recv()
+    except (EOFError, OSError):
+      break  # The parent is gone.
+    if command == "close":
+      engine.close()
+      conn.send(("ok", None))
+      break
+    try:
+      result = handlers[command](*args)
+    except Exception as e:  # pylint: disable=broad-except
+      reply = ("error", _pack_exception(e))
+    else:
+      reply = ("ok", result)
+    try:
+      conn.send(reply)
+    except (BrokenPipeError, OSError):
+      break
+
+
+def _unpack_error(packed: tuple[Optional[bytes], str], where: str) -> BaseException:
+  blob, text = packed
+  if blob is not None:
+    try:
+      e = pickle.loads(blob)
+    except Exception:  # pylint: disable=broad-except
+      e = None
+    if isinstance(e, Exception):
+      e.add_note(f"[raised in {where}]\n{text}")
+      return e
+  return RuntimeError(f"{where} failed:\n{text}")
+
+
+class VllmWorkerProcess:
+  """A `VllmEngine` in a spawned child process, behind a `RolloutWorker` proxy.
+
+  Commands (generate / update_weights / ping / close) go over a pipe; one at a time (a lock).
+  A dead child (killed, crashed, pipe EOF) or a request past `request_timeout_s` raises
+  `WorkerDied`; the proxy is then unusable and the caller makes a new one.
+
+  Args:
+    hf_dir, **engine_kwargs: as for `VllmEngine` (keyword arguments must be picklable).
+    startup_timeout_s: raise TimeoutError (and kill the child) when the engine is not ready by then.
+    request_timeout_s: None waits for each request as long as the child lives.
+    env: environment variables for the child, set before it imports vLLM (e.g.
+      `VLLM_CPU_OMP_THREADS_BIND`).
+  """
+
+  def __init__(self, hf_dir: str, *, startup_timeout_s: float = 300.0,
+               request_timeout_s: Optional[float] = None, env: Optional[dict[str, str]] = None,
+               **engine_kwargs):
+    _check_hf_dir(hf_dir)
+    engine_kwargs["hf_dir"] = hf_dir
+    self.policy_version = int(engine_kwargs.get("policy_version", 0))
+    self.request_timeout_s = request_timeout_s
+    self._lock = threading.Lock()
+    self._dead_reason: Optional[str] = None
+    self._closed = False
+    ctx = multiprocessing.get_context("spawn")
+    self._conn, child_conn = ctx.Pipe(duplex=True)
+    self._proc = ctx.Process(target=_child_main, args=(child_conn, engine_kwargs, dict(env or {})),
+                             name="jaxreplay-vllm-worker", daemon=True)
+    start = time.perf_counter()
+    self._proc.start()
+    child_conn.close()  # Only the child holds its end: its death then reads as EOF here.
+    try:
+      status, payload = self._receive(startup_timeout_s, "start-up")
+    except TimeoutError:
+      self.kill()
+      raise TimeoutError(f"the vLLM worker process did not start within {startup_timeout_s:.0f} s; "
+                         "raise startup_timeout_s (a loaded machine needs longer) or check its log")
+    except WorkerDied:
+      self.kill()
+      raise
+    if status == "error":
+      self.kill()
+      raise WorkerDied(f"the vLLM worker process failed to start:\n"
+                       f"{_unpack_error(payload, 'vLLM worker start-up')}")
+    self.startup_seconds = time.perf_counter() - start
+    self.engine_startup_seconds = payload["startup_seconds"]
+
+  @property
+  def pid(self) -> Optional[int]:
+    return self._proc.pid
+
+  def is_alive(self) -> bool:
+    return self._dead_reason is None and self._proc.is_alive()
+
+  def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
+    """As `VllmEngine.generate`, run in the child; raises WorkerDied when the child is gone."""
+    prompts = [np.asarray(p) for p in prompts]
+    return self._call("generate", (prompts, n, sampling), self.request_timeout_s)
+
+  def update_weights(self, hf_dir: str, version: int) -> None:
+    """As `VllmEngine.update_weights`, run in the child."""
+    self._call("update_weights", (hf_dir, version), self.request_timeout_s)
+    self.policy_version = int(version)
+
+  def ping(self, timeout_s: float = 30.0) -> dict[str, float]:
+    """The child's `VllmEngine.stats()`; raises WorkerDied when it does not answer in time."""
+    return self._call("ping", (), timeout_s)
+
+  def close(self, timeout_s: float = 10.0) -> None:
+    """Asks the child to shut its engine down; kills it when it does not exit within `timeout_s`."""
+    if self._closed:
+      return
+    self._closed = True
+    if self._lock.acquire(timeout=timeout_s):
+      try:
+        if self._dead_reason is None and self._proc.is_alive():
+          try:
+            self._conn.send(("close", ()))
+            self._receive(timeout_s, "close")
+          except (WorkerDied, TimeoutError, OSError):
+            pass
+      finally:
+        self._lock.release()
+    self._proc.join(timeout_s)
+    self.kill()
+
+  def kill(self) -> None:
+    """Kills the child now (safe from any thread, also while a request is in flight)."""
+    if self._proc.is_alive():
+      self._proc.kill()
+    self._proc.join(5.0)
+    if self._dead_reason is None:
+      self._dead_reason = "killed by its owner"
+    self._conn.close()
+
+  # ---- pipe protocol ------------------------------------------------------------------------
+
+  def _call(self, command: str, args: tuple, timeout_s: Optional[float]):
+    with self._lock:
+      if self._dead_reason is not None:
+        raise WorkerDied(f"vLLM worker pid {self.pid} is dead ({self._dead_reason})")
+      try:
+        self._conn.send((command, args))
+      except (BrokenPipeError, EOFError, OSError) as e:
+        raise self._died(f"pipe closed when sending {command!r}: {e}") from e
+      try:
+        status, payload = self._receive(timeout_s, command)
+      except TimeoutError as e:
+        self._proc.kill()
+        raise self._died(f"{command!r} took more than {timeout_s} s; the child was killed") from e
+    if status == "error":
+      raise _unpack_error(payload, f"vLLM worker pid {self.pid} ({command})")
+    return payload
+
+  def _receive(self, timeout_s: Optional[float], what: str):
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+      try:
+        if self._conn.poll(0.05):
+          return self._conn.recv()
+      except (EOFError, OSError) as e:
+        raise self._died(f"pipe EOF while waiting for {what}") from e
+      if not self._proc.is_alive():
+        raise self._died(f"process exited with code {self._proc.exitcode} during {what}")
+      if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(f"no answer to {what} within {timeout_s} s")
+
+  def _died(self, reason: str) -> WorkerDied:
+    self._dead_reason = reason
+    self._proc.join(1.0)
+    return WorkerDied(f"vLLM worker pid {self.pid} died: {reason}")

@@ -1,0 +1,189 @@
+"""Device mesh and sharding rules: the one place that says how params, optimizer state and batches are laid out.
+
+The mesh has three axes (big_vision / levanter style):
+  data    pure data parallelism (params replicated across it),
+  fsdp    data parallelism with params and optimizer state sharded across it (ZeRO-3),
+  tensor  tensor (model) parallelism over attention heads / MLP columns and the vocabulary.
+Batch rows are split over ("data", "fsdp"). Parameters follow `PARAM_RULES`: a tuple of
+(regex, PartitionSpec) pairs matched with `re.search` against the '/'-joined path of each leaf.
+Optimizer states mirror parameter paths (e.g. "opt_state/1/0/mu/layers/q_proj"), so the same rules
+shard them. A mesh axis is dropped from a dimension it does not divide, so tiny models run on any mesh.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXIS_NAMES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Linear kernels are [L, in, out] (layers stacked on axis 0). Column-parallel projections shard the
+# output on "tensor" and the input on "fsdp"; row-parallel ones (o_proj, down_proj) the reverse.
+PARAM_RULES: tuple[tuple[str, P], ...] = (
+    (r"(^|/)embed_tokens$", P("tensor", "fsdp")),            # [V, D]
+    (r"(^|/)lm_head$", P("fsdp", "tensor")),                 # [D, V]
+    (r"layers/(q|k|v)_proj$", P(None, "fsdp", "tensor")),    # [L, D, H*hd]
+    (r"layers/o_proj$", P(None, "tensor", "fsdp")),          # [L, Hq*hd, D]
+    (r"layers/(gate|up)_proj$", P(None, "fsdp", "tensor")),  # [L, D, F]
+    (r"layers/down_proj$", P(None, "tensor", "fsdp")),       # [L, F, D]
+    (r"layers/(q|k|v)_bias$", P(None, "tensor")),            # [L, H*hd]
+    (r"norm$", P()),                                         # RMSNorm weights: replicated
+)
+
+
+def make_mesh(mesh_shape: Sequence[int] = (1, -1, 1), axis_names: Sequence[str] = AXIS_NAMES,
+              devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """A `Mesh` of `devices` (default: all) with one -1 entry in `mesh_shape` resolved to fit.
+
+  Example: on 8 devices `make_mesh((1, -1, 1))` is an 8-way FSDP mesh of shape (1, 8, 1).
+  Axis types are `Auto` (sharding propagates through jit; no explicit-sharding types).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = [int(s) for s in mesh_shape]
+  if len(shape) != len(axis_names):
+    raise ValueError(f"mesh_shape={tuple(mesh_shape)} has {len(shape)} entries but axis_names="
+                     f"{tuple(axis_names)} has {len(axis_names)}")
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"mesh_shape={tuple(mesh_shape)}: entries must be positive, with at most one -1")
+  n = len(devices)
+  if -1 in shape:
+    known = math.prod(s for s in shape if s != -1)
+    if n % known:
+      raise ValueError(f"mesh_shape={tuple(mesh_shape)}: {n} devices are not divisible by {known}")
+    shape[shape.index(-1)] = n // known
+  if math.prod(shape) != n:
+    raise ValueError(f"mesh_shape={tuple(shape)} needs {math.prod(shape)} devices but {n} are given; "
+                     "use -1 for one axis to fit the device count")
+  return jax.make_mesh(tuple(shape), tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape),
+                       devices=devices)
+
+
+def path_str(path) -> str:
+  """'/'-joined names of a `jax.tree_util` key path: ('params', 'layers', 'q_proj') -> 'params/layers/q_proj'."""
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      parts.append(k.name)
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+      parts.append(str(k.key))
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+  """`spec` with the mesh axes that are absent from `mesh`, or do not divide their dimension, removed.
+
+  A tuple entry such as ("data", "fsdp") keeps its longest prefix whose size product divides the dim.
+  """
+  if len(spec) > len(shape):
+    raise ValueError(f"PartitionSpec {spec} has more entries than the array has dims {tuple(shape)}")
+  out = []
+  for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+    kept, size = [], 1
+    for a in axes:
+      if a not in mesh.shape or dim % (size * mesh.shape[a]):
+        break
+      kept.append(a)
+      size *= mesh.shape[a]
+    out.append(None if not kept else (kept[0] if len(kept) == 1 else tuple(kept)))
+  while out and out[-1] is None:
+    out.pop()
+  return P(*out)
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
+             rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
+  """The PartitionSpec of the leaf at `path`: the first rule whose regex matches and whose rank fits.
+
+  A rule whose spec has more entries than the leaf has dims is skipped (e.g. scalar optimizer counts);
+  no match means replicated.
+  """
+  for pattern, spec in rules:
+    if re.search(pattern, path) and len(spec) <= len(shape):
+      return fit_spec(spec, shape, mesh)
+  return P()
+
+
+def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """A pytree of `NamedSharding` matching `tree` (arrays or `jax.ShapeDtypeStruct`s) by path and rules.
+
+  Works for params, optimizer states (their paths end with the param path) and whole train states.
+  """
+  def one(path, leaf):
+    return NamedSharding(mesh, spec_for(path_str(path), np.shape(leaf), mesh, rules))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def param_shardings(params_shape_tree: Any, mesh: Mesh,
+                    rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """Shardings of a parameter pytree (see `PARAM_RULES`); an alias of `tree_shardings`."""
+  return tree_shardings(params_shape_tree, mesh, rules)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes batch rows are split over: those of ("data", "fsdp") present in `mesh`."""
+  return tuple(a for a in BATCH_AXES if a in mesh.shape)
+
+
+def batch_size_multiple(mesh: Mesh) -> int:
+  """Batch rows must be a multiple of this (the product of the batch axes' sizes)."""
+  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
+
+
+def batch_spec(ndim: int, mesh: Mesh, row_dim: int = 0) -> P:
+  """PartitionSpec with rows (dim `row_dim`) over the batch axes, other dims replicated."""
+  entries: list[Any] = [None] * ndim
+  entries[row_dim] = batch_axes(mesh)
+  return P(*entries)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Sharding of one batch array of rank `ndim`: rows over ("data", "fsdp"), the rest replicated."""
+  return NamedSharding(mesh, batch_spec(ndim, mesh))
+
+
+def batch_shardings(mesh: Mesh, batch: Any) -> Any:
+  """A pytree of shardings for `batch` (e.g. a `Batch`): each array's rows over ("data", "fsdp").
+
+  Raises ValueError when a row count is not a multiple of `batch_size_multiple(mesh)`.
+  """
+  multiple = batch_size_multiple(mesh)
+
+  def one(path, x):
+    shape = np.shape(x)
+    if not shape or shape[0] % multiple:
+      raise ValueError(f"batch field {path_str(path)!r} has shape {shape}: its rows must be a multiple "
+                       f"of data*fsdp = {multiple} for mesh {dict(mesh.shape)}; pad the batch or "
+                       "change the mesh")
+    return batch_sharding(mesh, len(shape))
+  return jax.tree_util.tree_map_with_path(one, batch)
+
+
+def constrain(x: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
+  """`with_sharding_constraint` of an activation inside jit (spec fitted to x's shape and the mesh)."""
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, fit_spec(spec, x.shape, mesh)))
+
+
+def describe(tree: Any) -> dict[str, str]:
+  """{path: 'shape spec'} of a pytree of sharded arrays or ShapeDtypeStructs with shardings (for logs)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    sharding = getattr(leaf, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    out[path_str(path)] = f"{tuple(np.shape(leaf))} {spec}"
+  return out

@@ -1,0 +1,154 @@
+"""A procedural task family: multi-digit arithmetic ("12+7=" -> "19") with an exact-match reward.
+
+It is the tiny default task and the test task: no files, any size, a deterministic held-out split.
+The split is fixed by the problem text (a hash) and `seed`, not by the training seed, so runs with
+different training seeds evaluate on the same held-out problems.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from jaxreplay.tasks import rewards as rewards_lib
+
+_OPS = "+-*"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """One task instance. `prompt` is the text the policy sees, `answer` the reference answer,
+  `id` a stable 63-bit identifier derived from the prompt."""
+  prompt: str
+  answer: str
+  id: int
+
+
+def problem_id(text: str) -> int:
+  """A stable non-negative 63-bit id of `text` (blake2b; the same in every process and run)."""
+  return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+def is_heldout(text: str, heldout_fraction: float, seed: int = 0) -> bool:
+  """Whether `text` belongs to the held-out split: a hash of (seed, text) below the fraction."""
+  h = problem_id(f"{seed}\x00{text}")
+  return (h % 1_000_003) < heldout_fraction * 1_000_003
+
+
+class ArithmeticTask:
+  """Problems "a<op>b=" with each operand of `num_digits` digits (a (lo, hi) range, inclusive).
+
+  Args:
+    num_digits: (min, max) digits per operand; a one-digit operand is 0..9, a d-digit one
+      10^(d-1)..10^d-1.
+    ops: operators drawn uniformly, a subset of "+-*".
+    seed: fixes the held-out split and the eval set (keep it fixed across training seeds).
+    heldout_fraction: share of all problems reserved for evaluation (never sampled for training).
+    allow_negative: when False, subtraction orders its operands so that answers are >= 0.
+    reward_timeout_s: time limit of one reward call in `score_batch`.
+
+  Interface shared with `MathTask`: `sample(rng, n)`, `eval_set(n)`, `reward(completion, problem)`,
+  `score_batch(completions, problems)`, `reward_metrics()`, `charset`, `close()`.
+  """
+
+  def __init__(self, num_digits: tuple[int, int] = (1, 2), ops: str = "+-", seed: int = 0,
+               heldout_fraction: float = 0.1, allow_negative: bool = False,
+               reward_timeout_s: float = 1.0):
+    if isinstance(num_digits, int):
+      num_digits = (num_digits, num_digits)
+    lo, hi = (int(d) for d in num_digits)
+    if not 1 <= lo <= hi <= 18:
+      raise ValueError(f"num_digits={num_digits} must be (lo, hi) with 1 <= lo <= hi <= 18")
+    if not ops or any(o not in _OPS for o in ops):
+      raise ValueError(f"ops={ops!r} must be a non-empty subset of {_OPS!r}")
+    if not 0.0 < heldout_fraction < 1.0:
+      raise ValueError(f"heldout_fraction={heldout_fraction} must be in (0, 1)")
+    self.num_digits = (lo, hi)
+    self.ops = "".join(dict.fromkeys(ops))
+    self.seed = seed
+    self.heldout_fraction = heldout_fraction
+    self.allow_negative = allow_negative
+    self._safe = rewards_lib.SafeReward(rewards_lib.exact_match_reward, timeout_s=reward_timeout_s,
+                                        backend="thread")
+
+  @property
+  def charset(self) -> str:
+    """Every character a prompt or answer may contain (for `build_char_tokenizer`)."""
+    return "0123456789" + _OPS + "= \n"
+
+  @property
+  def num_problems(self) -> int:
+    """Size of the whole problem space (train + held-out), counting ordered operand pairs."""
+    per_operand = sum(10 if d == 1 else 9 * 10 ** (d - 1)
+                      for d in range(self.num_digits[0], self.num_digits[1] + 1))
+    return per_operand ** 2 * len(self.ops)
+
+  def _operand(self, rng: np.random.Generator) -> int:
+    d = int(rng.integers(self.num_digits[0], self.num_digits[1] + 1))
+    low = 0 if d == 1 else 10 ** (d - 1)
+    return int(rng.integers(low, 10 ** d))
+
+  def _make(self, a: int, op: str, b: int) -> Problem:
+    if op == "-" and not self.allow_negative and a < b:
+      a, b = b, a
+    prompt = f"{a}{op}{b}="
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    return Problem(prompt=prompt, answer=str(value), id=problem_id(prompt))
+
+  def _draw(self, rng: np.random.Generator, heldout: bool) -> Problem:
+    # Rejection sampling; the held-out share is >= heldout_fraction of the space in expectation,
+    # so this ends quickly unless the space is tiny (checked by eval_set).
+    for _ in range(100_000):
+      op = self.ops[int(rng.integers(len(self.ops)))]
+      p = self._make(self._operand(rng), op, self._operand(rng))
+      if is_heldout(p.prompt, self.heldout_fraction, self.seed) == heldout:
+        return p
+    raise ValueError(f"could not draw a {'held-out' if heldout else 'training'} problem in 100000 "
+                     f"tries: the problem space ({self.num_problems}) is too small; widen "
+                     "num_digits or change heldout_fraction")
+
+  def is_heldout(self, problem: Problem) -> bool:
+    return is_heldout(problem.prompt, self.heldout_fraction, self.seed)
+
+  def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+    """`n` training problems (never held-out ones), drawn with replacement using `rng`."""
+    return [self._draw(rng, heldout=False) for _ in range(n)]
+
+  def eval_set(self, n: int) -> list[Problem]:
+    """The first `n` distinct held-out problems of this task's fixed eval sequence."""
+    rng = np.random.default_rng([self.seed, 0x5EED])
+    seen: dict[str, Problem] = {}
+    for _ in range(50 * n + 1000):
+      if len(seen) == n:
+        break
+      p = self._draw(rng, heldout=True)
+      seen.setdefault(p.prompt, p)
+    if len(seen) < n:
+      raise ValueError(f"eval_set({n}): found only {len(seen)} distinct held-out problems (space "
+                       f"of {self.num_problems}, heldout_fraction={self.heldout_fraction}); ask "
+                       "for fewer or widen num_digits")
+    return list(seen.values())
+
+  def sft_examples(self, n: int, seed: Optional[int] = None) -> Iterator[tuple[str, str]]:
+    """`n` (prompt, target) training pairs for a supervised warm-start (target = the answer; the
+    caller appends the eos token)."""
+    rng = np.random.default_rng([self.seed if seed is None else seed, 0x5F7])
+    for _ in range(n):
+      p = self._draw(rng, heldout=False)
+      yield p.prompt, p.answer
+
+  def reward(self, completion: str, problem: Problem) -> float:
+    """1.0 when the completion's first line, stripped, is exactly the answer; else 0.0."""
+    return rewards_lib.exact_match_reward(completion, problem.answer)
+
+  def score_batch(self, completions: Sequence[str], problems: Sequence[Problem]) -> np.ndarray:
+    """float32 [N] time-limited rewards (errors and timeouts score 0 and are counted)."""
+    return self._safe.score_batch(completions, [p.answer for p in problems])
+
+  def reward_metrics(self) -> dict[str, int]:
+    return self._safe.counts
+
+  def close(self) -> None:
+    self._safe.close()

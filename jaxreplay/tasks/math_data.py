@@ -1,0 +1,200 @@
+"""Math datasets from local files (JSONL, JSON, parquet) and `MathTask` with a math-verify reward.
+
+Typical sources: OpenR1-Math-220k (`problem`, `answer`), MATH / MATH-500 (`problem`, `answer`, or
+`solution` whose \\boxed{} holds the answer). Nothing is downloaded: point `path` at files on disk.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from jaxreplay.tasks import rewards as rewards_lib
+from jaxreplay.tasks.arithmetic import Problem, is_heldout, problem_id
+
+PROMPT_TEMPLATES = {
+    "plain": "{problem}",
+    "qwen_math": ("{problem}\nPlease reason step by step, and put your final answer within "
+                  "\\boxed{{}}."),
+    "r1": ("Solve the following math problem. Think step by step, then give the final answer "
+           "within \\boxed{{}}.\n\nProblem: {problem}\n\nSolution:"),
+}
+_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def _files(path: str) -> list[str]:
+  if os.path.isdir(path):
+    found = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                   if f.endswith(_SUFFIXES))
+    if not found:
+      raise FileNotFoundError(f"{path!r} is a directory without {'/'.join(_SUFFIXES)} files")
+    return found
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"math dataset {path!r} not found: give a local .jsonl, .json or "
+                            ".parquet file (or a directory of them); nothing is downloaded")
+  if not path.endswith(_SUFFIXES):
+    raise ValueError(f"{path!r}: unsupported file type; expected one of {_SUFFIXES}")
+  return [path]
+
+
+def _read_rows(path: str) -> list[dict]:
+  if path.endswith(".parquet"):
+    try:
+      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(f"reading {path!r} needs pyarrow: `pip install pyarrow`, or convert the "
+                        "file to JSONL") from e
+    return pq.read_table(path).to_pylist()
+  if path.endswith(".json"):
+    with open(path, encoding="utf-8") as f:
+      try:
+        data = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, list):
+      raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+    return data
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+  return rows
+
+
+def load_math_dataset(path: str, problem_key: str = "problem", answer_key: str = "answer",
+                      template: str = "qwen_math",
+                      max_examples: Optional[int] = None) -> list[Problem]:
+  """Problems from `path` (a file, or a directory whose .jsonl/.json/.parquet files are read in
+  sorted order). `prompt` = PROMPT_TEMPLATES[template] (or a custom string with "{problem}")
+  applied to the `problem_key` field; `answer` = the `answer_key` field as a string.
+  Rows with an empty problem or answer are skipped.
+  """
+  fmt = PROMPT_TEMPLATES.get(template, template)
+  if "{problem}" not in fmt:
+    raise ValueError(f"template={template!r} is neither one of {sorted(PROMPT_TEMPLATES)} nor a "
+                     "format string containing '{problem}'")
+  problems: list[Problem] = []
+  for file in _files(path):
+    for i, row in enumerate(_read_rows(file)):
+      if not isinstance(row, dict):
+        raise ValueError(f"{file}: row {i} is a {type(row).__name__}, expected an object")
+      for key in (problem_key, answer_key):
+        if key not in row:
+          raise ValueError(f"{file}: row {i} has no field {key!r}; fields found: {sorted(row)}. "
+                           "Set problem_key / answer_key to the dataset's field names")
+      text, answer = row[problem_key], row[answer_key]
+      if text is None or answer is None or not str(text).strip() or not str(answer).strip():
+        continue
+      prompt = fmt.format(problem=str(text))
+      problems.append(Problem(prompt=prompt, answer=str(answer).strip(), id=problem_id(prompt)))
+      if max_examples is not None and len(problems) >= max_examples:
+        return problems
+  if not problems:
+    raise ValueError(f"{path!r}: no usable rows (all problems or answers empty)")
+  return problems
+
+
+def split_heldout(problems: Sequence[Problem], heldout_fraction: float = 0.05,
+                  seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+  """(train, held-out): a problem is held out when a hash of its prompt falls under the fraction,
+  so the split does not depend on file order and is the same in every run."""
+  if not 0.0 < heldout_fraction < 1.0:
+    raise ValueError(f"heldout_fraction={heldout_fraction} must be in (0, 1)")
+  train, heldout = [], []
+  for p in problems:
+    (heldout if is_heldout(p.prompt, heldout_fraction, seed) else train).append(p)
+  if not train or not heldout:
+    raise ValueError(f"split_heldout: {len(train)} train / {len(heldout)} held-out problems from "
+                     f"{len(problems)}; use more data or another heldout_fraction")
+  return train, heldout
+
+
+class MathTask:
+  """A math dataset task: uniform sampling of training problems, a fixed eval set, math-verify reward.
+
+  Args:
+    train: training problems.
+    heldout: evaluation problems (disjoint from `train`).
+    reward_timeout_s: time limit of one math-verify call.
+    num_reward_workers: reward child processes (`score_batch` spreads a batch over them).
+    mp_context: start method of the reward processes.
+
+  Same interface as `ArithmeticTask`.
+  """
+
+  def __init__(self, train: Sequence[Problem], heldout: Sequence[Problem],
+               reward_timeout_s: float = 5.0, num_reward_workers: int = 1,
+               mp_context: str = "spawn"):
+    if not train:
+      raise ValueError("MathTask: no training problems")
+    if not heldout:
+      raise ValueError("MathTask: no held-out problems")
+    self.train, self.heldout = list(train), list(heldout)
+    self._safe = rewards_lib.SafeReward(
+        rewards_lib.math_verify_reward, timeout_s=reward_timeout_s, backend="process",
+        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"), mp_context=mp_context)
+
+  @classmethod
+  def from_files(cls, path: str, eval_path: Optional[str] = None, problem_key: str = "problem",
+                 answer_key: str = "answer", template: str = "qwen_math",
+                 heldout_fraction: float = 0.05, seed: int = 0,
+                 max_examples: Optional[int] = None, **kwargs) -> "MathTask":
+    """Training data from `path`; the held-out set from `eval_path` (e.g. MATH-500), or a hashed
+    `heldout_fraction` of `path` when `eval_path` is None."""
+    problems = load_math_dataset(path, problem_key, answer_key, template, max_examples)
+    if eval_path is None:
+      train, heldout = split_heldout(problems, heldout_fraction, seed)
+    else:
+      heldout = load_math_dataset(eval_path, problem_key, answer_key, template)
+      held = {p.prompt for p in heldout}
+      train = [p for p in problems if p.prompt not in held]  # keep the eval set unseen
+      if not train:
+        raise ValueError(f"every problem of {path!r} is also in {eval_path!r}")
+    return cls(train, heldout, **kwargs)
+
+  @property
+  def charset(self) -> str:
+    """Every character of the prompts and answers (for a character-level tokenizer)."""
+    chars = set()
+    for p in self.train + self.heldout:
+      chars.update(p.prompt)
+      chars.update(p.answer)
+    return "".join(sorted(chars | set(" \n")))
+
+  def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+    """`n` training problems drawn uniformly with replacement using `rng`."""
+    return [self.train[int(i)] for i in rng.integers(len(self.train), size=n)]
+
+  def eval_set(self, n: Optional[int] = None) -> list[Problem]:
+    """The first `n` held-out problems (all when None)."""
+    if n is not None and n > len(self.heldout):
+      raise ValueError(f"eval_set({n}): only {len(self.heldout)} held-out problems")
+    return self.heldout[:n] if n is not None else list(self.heldout)
+
+  def sft_examples(self, n: int, seed: int = 0):
+    """`n` (prompt, answer) training pairs, as `ArithmeticTask.sft_examples`."""
+    rng = np.random.default_rng([seed, 0x5F7])
+    for p in self.sample(rng, n):
+      yield p.prompt, p.answer
+
+  def reward(self, completion: str, problem: Problem) -> float:
+    """Time-limited math-verify reward of one completion (0.0 on error or timeout)."""
+    return self._safe(completion, problem.answer)
+
+  def score_batch(self, completions: Sequence[str], problems: Sequence[Problem]) -> np.ndarray:
+    """float32 [N] time-limited math-verify rewards."""
+    return self._safe.score_batch(completions, [p.answer for p in problems])
+
+  def reward_metrics(self) -> dict[str, int]:
+    return self._safe.counts
+
+  def close(self) -> None:
+    self._safe.close()

@@ -1,0 +1,303 @@
+"""Rewards: exact match, math-verify equivalence, and `SafeReward`, a time-limited runner.
+
+A reward must never kill the run: `SafeReward` scores a crash, a timeout, a non-finite value or a
+dead worker as 0 and counts it ("reward/calls", "reward/errors", "reward/timeouts",
+"reward/restarts"). math-verify's own timeouts use SIGALRM, which only works in the main thread, and
+our rollout workers score from other threads, so we call it with its timeouts off and enforce the
+limit here: in a persistent child process that is killed and restarted on timeout (backend
+"process", for sympy-heavy rewards), or in a daemon thread that is abandoned on timeout (backend
+"thread", for cheap rewards such as exact match, where a hang cannot be interrupted but is cut off).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import multiprocessing
+import pickle
+import queue
+import signal
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging as absl_logging
+import numpy as np
+
+_MATH_VERIFY_QUIET = False
+
+
+def exact_match_reward(completion: str, answer: str) -> float:
+  """1.0 when the completion's first line, stripped, equals `answer` stripped; else 0.0."""
+  return float(completion.split("\n", 1)[0].strip() == answer.strip())
+
+
+def _gold_text(answer: str) -> str:
+  # math-verify extracts LaTeX from $...$ or \boxed{...}; datasets store bare answers ("\frac{1}{2}").
+  if "$" in answer or "\\boxed" in answer:
+    return answer
+  return f"${answer}$"
+
+
+def math_verify_reward(completion: str, answer: str) -> float:
+  """1.0 when math-verify finds the completion's final answer equivalent to `answer`; else 0.0.
+
+  `answer` is the reference (a bare expression such as "\\frac{1}{2}", or text with \\boxed{});
+  the completion's answer is its boxed expression, else its last parseable expression. Runs with
+  math-verify's signal timeouts disabled (works in any thread): wrap it in `SafeReward` for a time
+  limit. Raises ValueError when the reference itself cannot be parsed (a data problem, counted as
+  an error by SafeReward).
+  """
+  global _MATH_VERIFY_QUIET
+  from math_verify import parse, verify
+  if not _MATH_VERIFY_QUIET:
+    # It warns once per process that its timeouts are off: we enforce them ourselves.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    _MATH_VERIFY_QUIET = True
+  gold = parse(_gold_text(answer), parsing_timeout=None)
+  if not gold:
+    raise ValueError(f"math-verify could not parse the reference answer {answer[:200]!r}")
+  pred = parse(completion, parsing_timeout=None)
+  if not pred:
+    return 0.0
+  return float(verify(gold, pred, timeout_seconds=None))
+
+
+# ---- worker slots: one call at a time, with a deadline ---------------------------------------
+
+
+def _serve(conn, fn, warmup_args):
+  """Child-process loop: receives argument tuples, sends back ("ok", value) or ("error", text)."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+  if warmup_args is not None:
+    try:
+      fn(*warmup_args)  # first-call imports (sympy, ...) must not eat a scored call's time limit
+    except Exception:  # pylint: disable=broad-except
+      pass
+  conn.send(("ready", None))
+  while True:
+    try:
+      args = conn.recv()
+    except (EOFError, OSError):
+      return
+    if args is None:
+      return
+    try:
+      conn.send(("ok", float(fn(*args))))
+    except Exception as e:  # pylint: disable=broad-except
+      conn.send(("error", repr(e)[:500]))
+
+
+class _ProcessSlot:
+  """A persistent child process running `fn`; killed on timeout, restarted on the next call."""
+
+  def __init__(self, ctx, fn, warmup_args, start_timeout_s: float):
+    self._ctx, self._fn, self._warmup_args = ctx, fn, warmup_args
+    self._start_timeout_s = start_timeout_s
+    self._proc = None
+    self._conn = None
+    self.starts = 0
+
+  def _start(self) -> None:
+    parent, child = self._ctx.Pipe(duplex=True)
+    proc = self._ctx.Process(target=_serve, args=(child, self._fn, self._warmup_args), daemon=True)
+    proc.start()
+    child.close()
+    self._proc, self._conn = proc, parent
+    self.starts += 1
+    if not parent.poll(self._start_timeout_s):
+      self.kill()
+      raise RuntimeError(f"reward worker did not start within {self._start_timeout_s:.0f} s")
+    try:
+      parent.recv()
+    except (EOFError, OSError) as e:
+      self.kill()
+      raise RuntimeError("reward worker died while starting (is the reward function importable "
+                         "from a fresh process?)") from e
+
+  def call(self, args: tuple, timeout_s: float) -> tuple[str, Any]:
+    if self._proc is None or not self._proc.is_alive():
+      self.kill()
+      try:
+        self._start()
+      except RuntimeError as e:
+        return "error", str(e)
+    try:
+      self._conn.send(args)
+      if self._conn.poll(timeout_s):
+        return self._conn.recv()
+    except (EOFError, OSError, pickle.PicklingError) as e:
+      self.kill()
+      return "error", f"reward worker failed: {e!r}"
+    self.kill()
+    return "timeout", None
+
+  def kill(self) -> None:
+    if self._proc is not None:
+      if self._proc.is_alive():
+        self._proc.kill()
+      self._proc.join(5)
+      self._conn.close()
+    self._proc = self._conn = None
+
+  def close(self) -> None:
+    if self._proc is not None and self._proc.is_alive():
+      try:
+        self._conn.send(None)
+        self._proc.join(1)
+      except OSError:
+        pass
+    self.kill()
+
+
+class _ThreadSlot:
+  """A daemon thread running `fn`; on timeout it is abandoned (it cannot be killed) and replaced."""
+
+  def __init__(self, fn):
+    self._fn = fn
+    self.starts = 0
+    self._spawn()
+
+  def _spawn(self) -> None:
+    self._in, self._out = queue.SimpleQueue(), queue.SimpleQueue()
+    threading.Thread(target=self._loop, args=(self._in, self._out), daemon=True,
+                     name="reward-thread").start()
+    self.starts += 1
+
+  def _loop(self, inq, outq) -> None:
+    while True:
+      args = inq.get()
+      if args is None:
+        return
+      try:
+        outq.put(("ok", float(self._fn(*args))))
+      except Exception as e:  # pylint: disable=broad-except
+        outq.put(("error", repr(e)[:500]))
+
+  def call(self, args: tuple, timeout_s: float) -> tuple[str, Any]:
+    self._in.put(args)
+    try:
+      return self._out.get(timeout=timeout_s)
+    except queue.Empty:
+      self._in.put(None)  # the stuck thread exits once its call returns, if ever
+      self._spawn()
+      return "timeout", None
+
+  def close(self) -> None:
+    self._in.put(None)
+
+
+class SafeReward:
+  """Runs `fn(*args) -> float` with a time limit; failures score 0.0 and are counted.
+
+  Args:
+    fn: the reward, e.g. `math_verify_reward(completion, answer)`. With backend "process" it must
+      be picklable (a module-level function).
+    timeout_s: limit per call, seconds of wall time.
+    backend: "process" (killable child processes) or "thread" (daemon threads, for cheap rewards).
+    num_workers: parallel slots; `score_batch` spreads a batch over them.
+    warmup_args: arguments of one call each new worker process makes before accepting work.
+    mp_context: multiprocessing start method of the child processes ("spawn" is safe with JAX's
+      threads; "forkserver" starts faster).
+    start_timeout_s: how long a starting child process may take.
+
+  Thread-safe: several rollout threads may score at once (each call takes a free slot).
+  """
+
+  def __init__(self, fn: Callable[..., float], timeout_s: float = 5.0, backend: str = "process",
+               num_workers: int = 1, warmup_args: Optional[tuple] = None,
+               mp_context: str = "spawn", start_timeout_s: float = 120.0):
+    if timeout_s <= 0:
+      raise ValueError(f"timeout_s={timeout_s} must be > 0")
+    if num_workers < 1:
+      raise ValueError(f"num_workers={num_workers} must be >= 1")
+    if backend == "process":
+      try:
+        pickle.dumps(fn)
+      except Exception as e:  # pylint: disable=broad-except
+        raise ValueError(f"backend='process' needs a picklable reward function (module-level), "
+                         f"got {fn!r}: {e}; or use backend='thread'") from e
+      ctx = multiprocessing.get_context(mp_context)
+      self._slots = [_ProcessSlot(ctx, fn, warmup_args, start_timeout_s)
+                     for _ in range(num_workers)]
+    elif backend == "thread":
+      self._slots = [_ThreadSlot(fn) for _ in range(num_workers)]
+    else:
+      raise ValueError(f"backend={backend!r}; expected 'process' or 'thread'")
+    self.fn, self.timeout_s, self.backend, self.num_workers = fn, timeout_s, backend, num_workers
+    self._free: queue.Queue = queue.Queue()
+    for slot in self._slots:
+      self._free.put(slot)
+    self._lock = threading.Lock()
+    self._counts = {"reward/calls": 0, "reward/errors": 0, "reward/timeouts": 0}
+    self._dispatch = (concurrent.futures.ThreadPoolExecutor(num_workers, "reward-dispatch")
+                      if num_workers > 1 else None)
+    self._closed = False
+
+  def __call__(self, *args) -> float:
+    """The reward of one call; 0.0 on error, timeout or a non-finite value."""
+    if self._closed:
+      raise RuntimeError("SafeReward is closed")
+    slot = self._free.get()
+    try:
+      status, value = slot.call(args, self.timeout_s)
+    finally:
+      self._free.put(slot)
+    if status == "ok" and not math.isfinite(value):
+      status, value = "error", f"non-finite reward {value}"
+    with self._lock:
+      self._counts["reward/calls"] += 1
+      if status == "timeout":
+        self._counts["reward/timeouts"] += 1
+      elif status != "ok":
+        self._counts["reward/errors"] += 1
+    if status == "ok":
+      return value
+    absl_logging.log_every_n_seconds(
+        absl_logging.WARNING, "reward %s scored 0 (%s): %s", 30, getattr(self.fn, "__name__", "fn"),
+        status, value if status != "timeout" else f"over {self.timeout_s} s")
+    return 0.0
+
+  def score_batch(self, completions: Sequence[str], targets: Sequence[Any]) -> np.ndarray:
+    """float32 [N] rewards of `fn(completions[i], targets[i])`, spread over the workers."""
+    if len(completions) != len(targets):
+      raise ValueError(f"score_batch: {len(completions)} completions but {len(targets)} targets")
+    if self._dispatch is None or len(completions) <= 1:
+      out = [self(c, t) for c, t in zip(completions, targets)]
+    else:
+      out = list(self._dispatch.map(self, completions, targets))
+    return np.asarray(out, dtype=np.float32).reshape(len(completions))
+
+  def start(self) -> None:
+    """Starts the child processes now (otherwise on first use)."""
+    for slot in self._slots:
+      if isinstance(slot, _ProcessSlot) and slot._proc is None:  # pylint: disable=protected-access
+        slot._start()  # pylint: disable=protected-access
+
+  @property
+  def counts(self) -> dict[str, int]:
+    """Cumulative counters: calls, errors, timeouts, and worker restarts (beyond the first start)."""
+    with self._lock:
+      counts = dict(self._counts)
+    counts["reward/restarts"] = sum(max(s.starts - 1, 0) for s in self._slots)
+    return counts
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    if self._dispatch is not None:
+      self._dispatch.shutdown(wait=True)
+    for slot in self._slots:
+      slot.close()
+
+  def __enter__(self) -> "SafeReward":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass

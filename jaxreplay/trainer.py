@@ -1,0 +1,319 @@
+"""The train state and the jitted, sharded train step: log-probs -> GRPO/AsymRE loss -> AdamW update.
+
+`make_train_step` returns `step(state, batch) -> (state, metrics)`, jitted once per batch shape (one
+compile per length bucket), with the state donated and explicit in/out shardings (params and
+optimizer state per `sharding.PARAM_RULES`, batch rows over ("data", "fsdp"), metrics replicated).
+
+Gradient accumulation (`num_microbatches=k`) splits the B rows into k micro-batches of B/k rows
+(row r goes to micro-batch r % k, so each device keeps its own rows) and `lax.scan`s over them,
+summing weighted gradients in float32. The weights make the result equal to the loss of the whole
+batch (up to float32 summation order), for every aggregation of `jaxreplay.losses.aggregate`:
+  token_mean     loss = sum_k (n_k / N) loss_k   n_k, N: valid tokens in micro-batch k / the batch
+  sequence_mean  loss = sum_k (r_k / R) loss_k   r_k, R: rows with >= 1 valid token
+  constant       loss = sum_k loss_k             each loss_k divides by the whole batch's normaliser
+Aux statistics combine the same way: num_tokens sums, *_max takes the max, advantage_mean weighs by
+rows, pg_loss like the loss, every other (token-mean) statistic weighs by tokens.
+
+The KL option keeps frozen reference params in `TrainState.ref_params` (no optimizer state for them);
+reference log-probs are computed inside the step, without gradients.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxreplay import losses
+from jaxreplay import sharding
+from jaxreplay.batch import Batch
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import transformer
+from jaxreplay.models.config import ModelConfig
+
+LOSSES = ("grpo", "asymre")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """step int32 [] (updates applied so far), params, opt_state, rng uint32 [2], ref_params or None."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  ref_params: Any = None
+
+
+# ---- the loss closure -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LossFn:
+  """`loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)` over `jaxreplay.losses`.
+
+  Holds only scalars (hashable): the trainer never reads a config object. `aggregation` and
+  `normalizer` tell the trainer how to weigh micro-batches.
+  """
+  name: str = "grpo"
+  aggregation: str = "token_mean"
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  kl_coef: float = 0.0
+  normalizer: Optional[float] = None
+
+  @property
+  def needs_ref(self) -> bool:
+    return self.kl_coef != 0.0
+
+  def __call__(self, logprobs: jax.Array, batch: Batch, ref_logprobs: Optional[jax.Array] = None):
+    common = dict(aggregation=self.aggregation, normalizer=self.normalizer,
+                  ref_logprobs=ref_logprobs, kl_coef=self.kl_coef)
+    if self.name == "grpo":
+      return losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
+                              batch.completion_mask, self.eps_low, self.eps_high, **common)
+    return losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
+                              behaviour_logprobs=batch.behaviour_logprobs, **common)
+
+
+def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: float = 0.2,
+                 eps_high: float = 0.2, kl_coef: float = 0.0, normalizer: Optional[float] = None,
+                 tis_cap: float = 0.0) -> LossFn:
+  """The loss closure for `make_train_step`: "grpo" (clipped ratio) or "asymre" (no ratio).
+
+  tis_cap must be 0: truncated IS needs the trainer's log-probs at each rollout's own policy version,
+  which a `Batch` does not carry.
+  """
+  if name not in LOSSES:
+    raise ValueError(f"loss {name!r} is unknown; expected one of {LOSSES}")
+  if aggregation not in losses.AGGREGATIONS:
+    raise ValueError(f"aggregation {aggregation!r} is unknown; expected one of {losses.AGGREGATIONS}")
+  if tis_cap:
+    raise ValueError(f"tis_cap={tis_cap}: truncated importance sampling needs per-token trainer "
+                     "log-probs at the behaviour policy version, which Batch does not carry; set "
+                     "tis_cap=0")
+  if normalizer is not None and aggregation != "constant":
+    raise ValueError(f"normalizer is only used with aggregation='constant', got {aggregation!r}")
+  return LossFn(name=name, aggregation=aggregation, eps_low=float(eps_low), eps_high=float(eps_high),
+                kl_coef=float(kl_coef), normalizer=None if normalizer is None else float(normalizer))
+
+
+# ---- train state ------------------------------------------------------------------------------
+
+def _raw_key(rng: jax.Array) -> jax.Array:
+  """A uint32 [2] key (typed keys are converted) so that checkpoints hold plain arrays."""
+  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.key_data(rng)
+  return jnp.asarray(rng, jnp.uint32)
+
+
+def state_shardings(state: Any, mesh: Mesh,
+                    rules: Sequence[tuple[str, P]] = sharding.PARAM_RULES) -> Any:
+  """NamedShardings of a TrainState (of arrays or ShapeDtypeStructs): rules by path, rest replicated."""
+  return sharding.tree_shardings(state, mesh, rules)
+
+
+def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, rng: jax.Array,
+                     params: Any = None, mesh: Optional[Mesh] = None,
+                     rules: Sequence[tuple[str, P]] = sharding.PARAM_RULES,
+                     with_ref_params: bool = False) -> TrainState:
+  """A TrainState at step 0, created directly in its sharded layout (no full copy on one device).
+
+  params: None to initialise randomly from `rng` (`transformer.init_params`), or a pytree (e.g. from
+    `models.load_hf`) that is placed onto the mesh. with_ref_params: also keep a frozen copy of the
+    initial params as the KL reference. mesh: default all devices as (1, -1, 1).
+  The shardings of the result are `jax.tree.map(lambda x: x.sharding, state)`, which equals
+  `state_shardings(state, mesh, rules)`.
+  """
+  mesh = sharding.make_mesh() if mesh is None else mesh
+  init_rng, state_rng = jax.random.split(_raw_key(rng))
+
+  def build(p, init_rng, state_rng):
+    if p is None:
+      p = transformer.init_params(model_cfg, init_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p),
+                      rng=state_rng, ref_params=jax.tree.map(jnp.copy, p) if with_ref_params else None)
+
+  if params is not None:
+    expected = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.PRNGKey(0)))
+    want = jax.tree.map(lambda s: tuple(s.shape), expected)
+    got = jax.tree.map(lambda x: tuple(jnp.shape(x)), params)
+    if jax.tree.structure(got, is_leaf=lambda x: isinstance(x, tuple)) != jax.tree.structure(
+        want, is_leaf=lambda x: isinstance(x, tuple)) or got != want:
+      raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
+  abstract = jax.eval_shape(build, params, init_rng, state_rng)
+  shardings = state_shardings(abstract, mesh, rules)
+  if params is not None:
+    params = jax.device_put(params, shardings.params)
+  return jax.jit(build, out_shardings=shardings)(params, init_rng, state_rng)
+
+
+# ---- the train step ---------------------------------------------------------------------------
+
+def _split_microbatches(batch: Batch, k: int, mesh: Mesh) -> Batch:
+  """[B, ...] -> [k, B/k, ...]; micro-batch i holds rows i, i + k, ...; rows stay on their device."""
+  def split(x):
+    x = x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1)
+    return sharding.constrain(x, mesh, P(None, sharding.batch_axes(mesh)))
+  return jax.tree.map(split, batch)
+
+
+def _counts(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(valid tokens, rows with >= 1 valid token) of a [B, T] mask, float32."""
+  m = (mask > 0).astype(jnp.float32)
+  return jnp.sum(m), jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32))
+
+
+def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Array) -> dict:
+  """Per-micro-batch aux [k] -> batch aux (see the module docstring for the rules)."""
+  out = {}
+  for key, v in aux.items():
+    if key == "num_tokens":
+      out[key] = jnp.sum(v)
+    elif key.endswith("_max"):
+      out[key] = jnp.max(v)
+    elif key == "advantage_mean":
+      out[key] = jnp.sum(row_w * v)
+    elif key == "pg_loss":
+      out[key] = jnp.sum(loss_w * v)
+    else:
+      out[key] = jnp.sum(tok_w * v)
+  return out
+
+
+def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
+                    loss_fn: Callable, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
+                    chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
+                    compute_entropy: bool = True, donate: bool = True):
+  """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
+
+  loss_fn: `loss_fn(logprobs, batch, ref_logprobs=None) -> (loss, aux)`, typically `make_loss_fn(...)`;
+    its `aggregation` / `normalizer` attributes (default token_mean) set the micro-batch weights.
+  num_microbatches: k; B must be a multiple of k * data * fsdp.
+  chunk_size: sequence chunk of the LM head in `token_logprobs`.
+  learning_rate_fn: the optimizer's schedule (`optim.make_schedule(...)`), for the learning_rate metric.
+  compute_entropy: report the mean next-token entropy over completion tokens (costs one extra pass
+    over each logits chunk).
+  metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
+    entropy, tokens (completion tokens), seq_tokens (non-padding tokens), staleness_mean /
+    staleness_max (state.step - policy_version over rows with completion tokens), and loss_fn's aux.
+  """
+  k = int(num_microbatches)
+  if k < 1:
+    raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+  aggregation = getattr(loss_fn, "aggregation", "token_mean")
+  if aggregation not in losses.AGGREGATIONS:
+    raise ValueError(f"loss_fn.aggregation={aggregation!r}; expected one of {losses.AGGREGATIONS}")
+  needs_ref = getattr(loss_fn, "needs_ref", False)
+  multiple = sharding.batch_size_multiple(mesh)
+
+  def forward(params, ref_params, mb: Batch, lfn):
+    """Loss of one (micro-)batch and its statistics."""
+    out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
+                                      mb.segment_ids, chunk_size=chunk_size,
+                                      return_entropy=compute_entropy)
+    lp, ent = out if compute_entropy else (out, None)
+    ref_lp = None
+    if ref_params is not None:
+      ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
+          model_cfg, jax.lax.stop_gradient(ref_params), mb.tokens, mb.targets, mb.positions,
+          mb.segment_ids, chunk_size=chunk_size))
+    loss, aux = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
+    m = (mb.completion_mask > 0).astype(jnp.float32)
+    ent_sum = jnp.sum(jax.lax.stop_gradient(ent) * m) if ent is not None else jnp.zeros(())
+    return loss, (aux, ent_sum)
+
+  def weighted_grad(params, ref_params, mb: Batch, weight, lfn):
+    def f(p):
+      loss, extra = forward(p, ref_params, mb, lfn)
+      return weight * loss, (loss, extra)
+    (_, (loss, (aux, ent_sum))), grads = jax.value_and_grad(f, has_aux=True)(params)
+    return loss, aux, ent_sum, grads
+
+  def step(state: TrainState, batch: Batch):
+    b, t = batch.tokens.shape
+    if b % (k * multiple):
+      raise ValueError(f"batch of {b} rows: must be a multiple of num_microbatches * data * fsdp = "
+                       f"{k} * {multiple} = {k * multiple}")
+    if needs_ref and state.ref_params is None:
+      raise ValueError("loss_fn has kl_coef != 0 but the state has no ref_params; create it with "
+                       "init_train_state(..., with_ref_params=True)")
+    lfn = loss_fn
+    if aggregation == "constant" and getattr(loss_fn, "normalizer", 0) is None:
+      lfn = dataclasses.replace(loss_fn, normalizer=float(b * t))  # the whole batch's B * T
+    n_tok, n_rows = _counts(batch.completion_mask)
+
+    if k == 1:
+      loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn)
+    else:
+      mbs = _split_microbatches(batch, k, mesh)
+      param_sh = state_shardings.params
+      zeros = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(
+          jnp.zeros(p.shape, jnp.float32), s), state.params, param_sh)
+
+      def body(acc, mb):
+        tok, rows = _counts(mb.completion_mask)
+        tok_w = tok / jnp.maximum(n_tok, 1.0)
+        row_w = rows / jnp.maximum(n_rows, 1.0)
+        loss_w = {"token_mean": tok_w, "sequence_mean": row_w, "constant": 1.0}[aggregation]
+        loss_w = jnp.asarray(loss_w, jnp.float32)
+        loss, aux, ent_sum, g = weighted_grad(state.params, state.ref_params, mb, loss_w, lfn)
+        acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
+        return acc, (loss, aux, ent_sum, tok_w, row_w, loss_w)
+
+      grads, (loss_k, aux_k, ent_k, tok_w, row_w, loss_w) = jax.lax.scan(body, zeros, mbs)
+      loss = jnp.sum(loss_w * loss_k)
+      aux = _combine_aux(aux_k, tok_w, row_w, loss_w)
+      ent_sum = jnp.sum(ent_k)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    rng, _ = jax.random.split(state.rng)
+
+    row_valid = jnp.sum(batch.completion_mask, axis=1) > 0
+    staleness = (state.step - batch.policy_version).astype(jnp.float32)
+    metrics = {
+        "loss": loss, "grad_norm": grad_norm, "param_norm": optax.global_norm(params),
+        "tokens": n_tok, "seq_tokens": jnp.sum((batch.segment_ids > 0).astype(jnp.float32)),
+        "staleness_mean": jnp.sum(jnp.where(row_valid, staleness, 0.0)) / jnp.maximum(n_rows, 1.0),
+        "staleness_max": jnp.max(jnp.where(row_valid, staleness, 0.0)),
+    }
+    if compute_entropy:
+      metrics["entropy"] = ent_sum / jnp.maximum(n_tok, 1.0)
+    if learning_rate_fn is not None:
+      metrics["learning_rate"] = learning_rate_fn(state.step)
+    metrics.update(aux)
+    metrics = {key: jnp.asarray(v, jnp.float32) for key, v in metrics.items()}
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
+                           ref_params=state.ref_params)
+    return new_state, metrics
+
+  batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))  # a prefix: rows of every field
+  return jax.jit(step, in_shardings=(state_shardings, batch_sh),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)),
+                 donate_argnums=(0,) if donate else ())
+
+
+def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, chunk_size: int = 512,
+                    return_entropy: bool = False):
+  """Jitted forward-only `fn(params, batch) -> logprobs float32 [B, T]` (, entropy [B, T]).
+
+  Values are 0 where `batch.completion_mask` is 0, aligned with `Batch.behaviour_logprobs`, so the
+  result compares directly with the sampler's log-probs (trainer/sampler mismatch) or serves as the
+  reference policy's log-probs. Outputs are batch-sharded; params are not donated.
+  """
+  def fn(params, batch: Batch):
+    out = logprobs_lib.token_logprobs(model_cfg, params, batch.tokens, batch.targets,
+                                      batch.positions, batch.segment_ids, chunk_size=chunk_size,
+                                      return_entropy=return_entropy)
+    valid = batch.completion_mask > 0
+    if return_entropy:
+      return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)
+    return jnp.where(valid, out, 0.0)
+
+  batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))
+  return jax.jit(fn, in_shardings=(param_shardings, batch_sh), out_shardings=batch_sh)

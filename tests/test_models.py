@@ -1,0 +1,330 @@
+"""The functional model against transformers' own Qwen3 / Qwen2 / Llama (torch CPU, float32), and
+its internal consistency: KV-cache decoding, padding and packing, chunked log-probs, remat, bf16."""
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import require
+from jaxreplay.models import decode, logprobs, presets, transformer
+from jaxreplay.models.config import ModelConfig
+
+torch = require("torch")
+transformers = require("transformers")
+
+apply = jax.jit(transformer.apply, static_argnums=0)
+prefill = jax.jit(decode.prefill, static_argnums=0)
+decode_step = jax.jit(decode.decode_step, static_argnums=0)
+
+_LLAMA3 = tuple(sorted({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}.items()))
+
+
+def small(model_type, **kw):
+  base = dict(model_type=model_type, vocab_size=96, hidden_size=64, intermediate_size=96,
+              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=True,
+              qk_norm=model_type == "qwen3", attention_bias=model_type == "qwen2",
+              max_position_embeddings=256)
+  base.update(kw)
+  return ModelConfig(**base)
+
+
+CONFIGS = {
+    # head_dim 32 != 64 / 4, GQA 2, tied.
+    "qwen3_tied_hd32": small("qwen3", head_dim=32),
+    # GQA ratio 1, untied, head_dim 24.
+    "qwen3_untied_mha": small("qwen3", num_key_value_heads=4, head_dim=24, tie_word_embeddings=False),
+    "qwen2_untied_bias": small("qwen2", tie_word_embeddings=False),
+    # GQA ratio 4, tied, head_dim 32.
+    "qwen2_tied_gqa4": small("qwen2", num_key_value_heads=1, head_dim=32),
+    # llama3 scaling with original_max_position_embeddings 32 < T: all three frequency bands occur.
+    "llama3_scaled": small("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                           head_dim=24,
+                           rope_scaling=_LLAMA3, tie_word_embeddings=False, rms_norm_eps=1e-5),
+    "llama_tied_mha": small("llama", num_key_value_heads=4, rope_theta=500_000.0),
+}
+
+
+# ---- transformers reference ---------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def hf_model(cfg: ModelConfig, seed: int = 0):
+  """A transformers model for `cfg` with all weights random (norms around 1, nonzero biases)."""
+  d = cfg.to_hf_dict()
+  hf_cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager")
+  assert type(model).__name__ == cfg.architecture
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.2 * noise)
+      elif name.endswith("bias"):
+        p.copy_(0.2 * noise)
+      elif "embed_tokens" in name:
+        p.copy_(noise)
+      else:
+        p.copy_(noise / np.sqrt(p.shape[1]))
+  return model.eval().float()
+
+
+def params_from_torch(cfg: ModelConfig, model) -> dict:
+  """HF state dict -> the jaxreplay pytree (layers stacked, kernels transposed to [in, out])."""
+  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  n = cfg.num_hidden_layers
+
+  def stack(suffix, transpose=False):
+    arrs = [sd[f"model.layers.{i}.{suffix}"] for i in range(n)]
+    return jnp.asarray(np.stack([a.T if transpose else a for a in arrs]))
+
+  layers = {
+      "input_layernorm": stack("input_layernorm.weight"),
+      "post_attention_layernorm": stack("post_attention_layernorm.weight"),
+  }
+  for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    layers[name] = stack(f"self_attn.{name}.weight", transpose=True)
+  for name in ("gate_proj", "up_proj", "down_proj"):
+    layers[name] = stack(f"mlp.{name}.weight", transpose=True)
+  if cfg.attention_bias:
+    for x in "qkv":
+      layers[f"{x}_bias"] = stack(f"self_attn.{x}_proj.bias")
+  if cfg.qk_norm:
+    layers["q_norm"] = stack("self_attn.q_norm.weight")
+    layers["k_norm"] = stack("self_attn.k_norm.weight")
+  params = {"embed_tokens": jnp.asarray(sd["model.embed_tokens.weight"]), "layers": layers,
+            "norm": jnp.asarray(sd["model.norm.weight"])}
+  if not cfg.tie_word_embeddings:
+    params["lm_head"] = jnp.asarray(sd["lm_head.weight"].T)
+  return params
+
+
+def setup(name):
+  cfg = CONFIGS[name]
+  model = hf_model(cfg)
+  return cfg, model, params_from_torch(cfg, model)
+
+
+def random_tokens(cfg, shape, seed=0):
+  return np.random.default_rng(seed).integers(0, cfg.vocab_size, shape).astype(np.int32)
+
+
+# ---- against transformers -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_match_transformers(name):
+  cfg, model, params = setup(name)
+  tokens = random_tokens(cfg, (2, 48))
+  with torch.no_grad():
+    ref = model(input_ids=torch.from_numpy(tokens).long()).logits.numpy()
+  ours = np.asarray(apply(cfg, params, jnp.asarray(tokens)))
+  assert ours.dtype == np.float32 and ours.shape == ref.shape
+  scale = max(1.0, float(np.abs(ref).max()))
+  assert scale > 2.0, "random weights should give O(1) logits, else the comparison is weak"
+  err = float(np.abs(ours - ref).max())
+  assert err <= 1e-4 * scale, f"{name}: max |diff| {err} (max |logit| {scale})"
+
+
+def test_llama3_inv_freq_matches_transformers():
+  cfg, model, _ = setup("llama3_scaled")
+  ref = model.model.rotary_emb.inv_freq.numpy()
+  ours = transformer.rope_inv_freq(cfg)
+  np.testing.assert_allclose(ours, ref, rtol=1e-6)
+  plain = transformer.rope_inv_freq(cfg.replace(rope_scaling=None))
+  assert (ours < plain * 0.99).any() and (ours == plain).any(), "scaling must touch some bands only"
+
+
+def test_bfloat16_compute_close_to_float32():
+  cfg, _, params = setup("qwen3_tied_hd32")
+  tokens = jnp.asarray(random_tokens(cfg, (2, 48), seed=1))
+  ref = apply(cfg, params, tokens)
+  bf = apply(cfg.replace(dtype="bfloat16"), params, tokens)
+  assert bf.dtype == jnp.float32
+  assert not np.array_equal(np.asarray(bf), np.asarray(ref)), "bf16 compute path was not taken"
+  scale = float(jnp.abs(ref).max())
+  assert float(jnp.abs(bf - ref).max()) <= 0.1 * scale
+  assert float(jnp.mean(jnp.argmax(bf, -1) == jnp.argmax(ref, -1))) >= 0.9
+  stored = transformer.init_params(cfg.replace(param_dtype="bfloat16"), jax.random.key(0))
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(stored))
+  hidden = transformer.hidden_states(cfg.replace(dtype="bfloat16"), params, tokens)
+  assert hidden.dtype == jnp.bfloat16 and hidden.shape == (2, 48, cfg.hidden_size)
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["qwen3_tied_hd32", "llama3_scaled", "qwen2_untied_bias"])
+def test_decode_matches_full_forward(name):
+  cfg, _, params = setup(name)
+  lengths = np.array([5, 9, 2], np.int32)
+  steps, lp, max_len = 6, 9, 16
+  prompts = random_tokens(cfg, (3, lp), seed=2)
+  gen = random_tokens(cfg, (3, steps), seed=3)
+  # Full sequences prompt_b + gen_b, right-padded with other junk than the prompts' padding.
+  full = random_tokens(cfg, (3, lp + steps), seed=4)
+  for b, n in enumerate(lengths):
+    full[b, :n] = prompts[b, :n]
+    full[b, n:n + steps] = gen[b]
+  ref = np.asarray(apply(cfg, params, jnp.asarray(full)))
+
+  cache = decode.init_cache(cfg, 3, max_len)
+  assert cache.k.shape == (cfg.num_hidden_layers, 3, max_len, cfg.num_key_value_heads, cfg.head_dim)
+  logits, cache = prefill(cfg, params, jnp.asarray(prompts), jnp.asarray(lengths), cache)
+  got, want = [np.asarray(logits)], [ref[np.arange(3), lengths - 1]]
+  np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+  for j in range(steps):
+    logits, cache = decode_step(cfg, params, jnp.asarray(gen[:, j]), cache)
+    got.append(np.asarray(logits))
+    want.append(ref[np.arange(3), lengths + j])
+  np.testing.assert_array_equal(np.asarray(cache.lengths), lengths + steps)
+  got, want = np.stack(got), np.stack(want)
+  scale = max(1.0, float(np.abs(want).max()))
+  assert float(np.abs(got - want).max()) <= 1e-4 * scale
+
+
+def test_cache_shape_errors():
+  cfg, _, params = setup("qwen3_tied_hd32")
+  cache = decode.init_cache(cfg, 2, 4)
+  with pytest.raises(ValueError, match="max_len"):
+    decode.prefill(cfg, params, jnp.zeros((2, 6), jnp.int32), jnp.array([6, 6]), cache)
+  with pytest.raises(ValueError, match="init_cache"):
+    decode.decode_step(cfg, params, jnp.zeros((3,), jnp.int32), cache)
+
+
+# ---- padding and packing ------------------------------------------------------------------------
+
+def test_padding_and_packing():
+  cfg, _, params = setup("qwen2_untied_bias")
+  a, b = random_tokens(cfg, (1, 5), seed=5), random_tokens(cfg, (1, 7), seed=6)
+  alone_a, alone_b = apply(cfg, params, jnp.asarray(a)), apply(cfg, params, jnp.asarray(b))
+  # Row 0: a right-padded with junk; row 1: a and b packed, positions reset; row 2: all padding.
+  tokens = random_tokens(cfg, (3, 12), seed=7)
+  tokens[0, :5] = a[0]
+  tokens[1, :5], tokens[1, 5:] = a[0], b[0]
+  seg = np.zeros((3, 12), np.int32)
+  seg[0, :5] = 1
+  seg[1, :5], seg[1, 5:] = 1, 2
+  pos = np.tile(np.arange(12, dtype=np.int32), (3, 1))
+  pos[1, 5:] = np.arange(7)
+  out = apply(cfg, params, jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg))
+  assert bool(jnp.isfinite(out).all()), "padded and fully padded rows must stay finite"
+  chex.assert_trees_all_close(out[0, :5], alone_a[0], atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(out[1, :5], alone_a[0], atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(out[1, 5:], alone_b[0], atol=1e-5, rtol=1e-5)
+  # Without the segment boundary, b's logits would differ: the test can see a broken mask.
+  merged = apply(cfg, params, jnp.asarray(tokens[1:2]), jnp.asarray(pos[1:2]))
+  assert float(jnp.abs(merged[0, 5:] - alone_b[0]).max()) > 1e-2
+
+  def loss(p):
+    lp = logprobs.token_logprobs(cfg, p, jnp.asarray(tokens), jnp.asarray(tokens),
+                                 jnp.asarray(pos), jnp.asarray(seg), chunk_size=8)
+    return jnp.sum(lp * (seg > 0))
+  grads = jax.grad(loss)(params)
+  assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+# ---- chunked log-probs --------------------------------------------------------------------------
+
+def _walk_shapes(jaxpr):
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      yield tuple(getattr(v.aval, "shape", ()))
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _walk_shapes(inner)
+
+
+@pytest.mark.parametrize("name", ["qwen3_untied_mha", "qwen2_tied_gqa4"])
+def test_token_logprobs_chunked(name):
+  cfg, _, params = setup(name)
+  bsz, t, chunk = 2, 13, 5
+  tokens = jnp.asarray(random_tokens(cfg, (bsz, t), seed=8))
+  targets = jnp.asarray(random_tokens(cfg, (bsz, t), seed=9))
+  lp, ent = logprobs.token_logprobs(cfg, params, tokens, targets, chunk_size=chunk,
+                                    return_entropy=True)
+  chex.assert_shape([lp, ent], (bsz, t))
+  assert lp.dtype == ent.dtype == jnp.float32
+  full = np.asarray(apply(cfg, params, tokens), np.float64)
+  logz = np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1)) + full.max(-1)
+  ref_lp = np.take_along_axis(full, np.asarray(targets)[..., None], -1)[..., 0] - logz
+  probs = np.exp(full - logz[..., None])
+  ref_ent = -(probs * np.log(probs)).sum(-1)
+  np.testing.assert_allclose(lp, ref_lp, atol=2e-5)
+  np.testing.assert_allclose(ent, ref_ent, atol=2e-5)
+  np.testing.assert_allclose(logprobs.logprobs_from_logits(jnp.asarray(full), targets), ref_lp,
+                             atol=2e-5)
+  np.testing.assert_allclose(logprobs.entropy_from_logits(jnp.asarray(full)), ref_ent, atol=2e-5)
+
+  def chunked_loss(p):
+    lp, ent = logprobs.token_logprobs(cfg, p, tokens, targets, chunk_size=chunk,
+                                      return_entropy=True)
+    return jnp.sum(lp) + 0.1 * jnp.sum(ent)
+
+  def full_loss(p):
+    logits = transformer.apply(cfg, p, tokens)
+    return (jnp.sum(logprobs.logprobs_from_logits(logits, targets)) +
+            0.1 * jnp.sum(logprobs.entropy_from_logits(logits)))
+
+  g_chunked = jax.jit(jax.grad(chunked_loss))(params)
+  g_full = jax.jit(jax.grad(full_loss))(params)
+  chex.assert_trees_all_close(g_chunked, g_full, atol=1e-4, rtol=1e-4)
+  # Forward and backward never hold more than one [B, chunk, V] block of logits.
+  v = cfg.vocab_size
+  big = [s for s in _walk_shapes(jax.make_jaxpr(jax.grad(chunked_loss))(params).jaxpr)
+         if v in s and np.prod(s) > bsz * chunk * v]
+  assert not big, f"arrays larger than one chunk of logits: {big}"
+  big_full = [s for s in _walk_shapes(jax.make_jaxpr(jax.grad(full_loss))(params).jaxpr)
+              if v in s and np.prod(s) > bsz * chunk * v]
+  assert big_full, "the shape check must see the full-logits path"
+
+
+def test_token_logprobs_errors():
+  cfg, _, params = setup("qwen3_untied_mha")
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match="chunk_size"):
+    logprobs.token_logprobs(cfg, params, tokens, tokens, chunk_size=0)
+  with pytest.raises(ValueError, match="targets shape"):
+    logprobs.token_logprobs(cfg, params, tokens, tokens[:, :3])
+
+
+# ---- remat --------------------------------------------------------------------------------------
+
+def test_remat_same_logits_and_grads():
+  cfg, _, params = setup("llama3_scaled")
+  tokens = jnp.asarray(random_tokens(cfg, (2, 16), seed=10))
+  remat = cfg.replace(remat=True)
+
+  def loss(c, p):
+    return jnp.sum(logprobs.token_logprobs(c, p, tokens, jnp.roll(tokens, -1, 1), chunk_size=8))
+
+  chex.assert_trees_all_close(apply(remat, params, tokens), apply(cfg, params, tokens),
+                              atol=1e-6, rtol=1e-6)
+  grad = jax.jit(jax.grad(loss, argnums=1), static_argnums=0)
+  chex.assert_trees_all_close(grad(remat, params), grad(cfg, params), atol=1e-6, rtol=1e-6)
+  text = lambda c: str(jax.make_jaxpr(lambda p: transformer.hidden_states(c, p, tokens))(params))
+  assert "checkpoint" in text(remat) or "remat" in text(remat)
+  assert "checkpoint" not in text(cfg) and "remat" not in text(cfg)
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+
+def test_param_tree_layout():
+  cfg = presets.tiny()
+  params = transformer.init_params(cfg, jax.random.key(0))
+  assert set(params) == {"embed_tokens", "layers", "norm"}  # tied: no lm_head
+  assert set(params["layers"]) == {
+      "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
+      "post_attention_layernorm", "gate_proj", "up_proj", "down_proj"}
+  chex.assert_shape(params["layers"]["q_proj"], (2, 128, 4 * 32))
+  chex.assert_shape(params["layers"]["k_norm"], (2, 32))
+  qwen2 = transformer.init_params(CONFIGS["qwen2_untied_bias"], jax.random.key(0))
+  assert {"q_bias", "k_bias", "v_bias"} <= set(qwen2["layers"])
+  assert "q_norm" not in qwen2["layers"] and qwen2["lm_head"].shape == (64, 96)
+  with pytest.raises(ValueError, match="o_proj bias"):
+    transformer.init_params(small("llama", attention_bias=True), jax.random.key(0))
