@@ -166,6 +166,11 @@ def _counts(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.sum(m), jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32))
 
 
+def _global_norm(tree: Any) -> jax.Array:
+  """sqrt of the sum of squares of all leaves, accumulated in float32 (params may be bfloat16)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Array) -> dict:
   """Per-micro-batch aux [k] -> batch aux (see the module docstring for the rules)."""
   out = {}
@@ -269,7 +274,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
       ent_sum = jnp.sum(ent_k)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
-    grad_norm = optax.global_norm(grads)
+    grad_norm = _global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
@@ -277,7 +282,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     row_valid = jnp.sum(batch.completion_mask, axis=1) > 0
     staleness = (state.step - batch.policy_version).astype(jnp.float32)
     metrics = {
-        "loss": loss, "grad_norm": grad_norm, "param_norm": optax.global_norm(params),
+        "loss": loss, "grad_norm": grad_norm, "param_norm": _global_norm(params),
         "tokens": n_tok, "seq_tokens": jnp.sum((batch.segment_ids > 0).astype(jnp.float32)),
         "staleness_mean": jnp.sum(jnp.where(row_valid, staleness, 0.0)) / jnp.maximum(n_rows, 1.0),
         "staleness_max": jnp.max(jnp.where(row_valid, staleness, 0.0)),

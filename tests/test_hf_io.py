@@ -38,12 +38,16 @@ CFGS = {
 
 
 def _params(cfg, seed=0, dtype=jnp.float32):
-  """init_params plus noise on every leaf, so that no two leaves (norms included) coincide."""
-  params = models.init_params(cfg.replace(param_dtype="float32"), jax.random.key(seed), std=0.05)
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  leaves = [(x + 0.1 * jax.random.normal(k, x.shape)).astype(dtype) for x, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, leaves)
+  """Random params in init_params' layout (from jax.eval_shape: nothing compiles); norms near 1 and
+  nonzero biases, so that no two leaves coincide and a swapped leaf changes the logits."""
+  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0)))
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, s):
+    x = 0.1 * rng.standard_normal(s.shape, dtype=np.float32)
+    return jnp.asarray((x + 1 if path[-1].key.endswith("norm") else x).astype(dtype))
+
+  return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 def _assert_bit_equal(a, b):
@@ -129,7 +133,7 @@ def test_load_casts_and_save_casts(tmp_path):
 # ---- against transformers ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["qwen3_tied", "qwen3_untied", "qwen2", "llama3"])
+@pytest.mark.parametrize("name", ["qwen3_tied", "qwen2", "llama3"])
 def test_save_hf_loads_in_transformers_with_same_logits(tmp_path, name):
   cfg = CFGS[name]
   params = _params(cfg)

@@ -141,8 +141,8 @@ def make_inputs(seed=0, num_rows=6, num_tokens=10):
       mask=mask)
 
 
-OPTIONS = {"plain": {}, "kl": {"kl_coef": 0.05}, "tis": {"tis_cap": 1.3},
-           "kl_tis_uncapped": {"kl_coef": 0.1, "tis_cap": None, "tis": True}}
+OPTIONS = {"plain": {}, "kl_tis": {"kl_coef": 0.05, "tis_cap": 1.3},
+           "tis_uncapped": {"tis_cap": None}}
 
 
 def loss_kwargs(option, x):
@@ -255,44 +255,62 @@ class BuildingBlocksTest(chex.TestCase):
     chex.assert_trees_all_close(obj_2d, obj)
 
 
+def over_aggregations(loss_fn, normalizer=None, grad=False, **static):
+  """fn(*args, **arrays) -> {aggregation: loss_fn(...)} (or its grad wrt args[0]), one trace for all."""
+  def fn(*args, **arrays):
+    out = {}
+    for agg in AGGS:
+      f = functools.partial(loss_fn, aggregation=agg,
+                            normalizer=normalizer if agg == "constant" else None, **static)
+      if grad:
+        out[agg] = jax.grad(lambda a: f(a, *args[1:], **arrays)[0])(args[0])
+      else:
+        out[agg] = f(*args, **arrays)
+    return out
+  return fn
+
+
 class LossValuesTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(aggregation=AGGS, option=tuple(OPTIONS))
-  def test_grpo_loss_vs_numpy(self, aggregation, option):
+  @parameterized.parameters(*OPTIONS)
+  def test_grpo_loss_vs_numpy(self, option):
     x = make_inputs(10)
     static, arrays, ref_kw = loss_kwargs(option, x)
-    normalizer = 50.0 if aggregation == "constant" and option == "kl" else None
-    fn = self.variant(functools.partial(
-        losses.grpo_loss, eps_low=EPS_LOW, eps_high=EPS_HIGH, aggregation=aggregation,
-        normalizer=normalizer, **static))
-    loss, aux = fn(x["logprobs"], x["behaviour_logprobs"], x["advantages"], x["mask"], **arrays)
-    want_loss, want_aux = np_loss(x["logprobs"], x["advantages"], x["mask"], "grpo", aggregation,
-                                  normalizer, blp=x["behaviour_logprobs"], **ref_kw)
-    self.assertEqual(loss.dtype, jnp.float32)
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
-    self.assertEqual(set(aux), set(want_aux))
-    for k, v in want_aux.items():
-      self.assertEqual(aux[k].dtype, jnp.float32, k)
-      np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
-    # The random inputs exercise both sides of the (asymmetric) clip range.
-    self.assertGreater(float(aux["clip_fraction"]), 0.0)
+    normalizer = 50.0 if option == "kl_tis" else None
+    fn = self.variant(over_aggregations(losses.grpo_loss, normalizer, eps_low=EPS_LOW,
+                                        eps_high=EPS_HIGH, **static))
+    got = fn(x["logprobs"], x["behaviour_logprobs"], x["advantages"], x["mask"], **arrays)
+    for aggregation, (loss, aux) in got.items():
+      want_loss, want_aux = np_loss(
+          x["logprobs"], x["advantages"], x["mask"], "grpo", aggregation,
+          normalizer if aggregation == "constant" else None, blp=x["behaviour_logprobs"], **ref_kw)
+      self.assertEqual(loss.dtype, jnp.float32)
+      np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6, err_msg=aggregation)
+      self.assertEqual(set(aux), set(want_aux))
+      for k, v in want_aux.items():
+        self.assertEqual(aux[k].dtype, jnp.float32, k)
+        np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{aggregation} {k}")
+      # The random inputs exercise both sides of the (asymmetric) clip range.
+      self.assertGreater(float(aux["clip_fraction"]), 0.0)
+    self.assertLess(float(got["token_mean"][0]), 1e3)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(aggregation=AGGS, with_kl=(False, True))
-  def test_asymre_loss_vs_numpy(self, aggregation, with_kl):
+  @parameterized.parameters(False, True)
+  def test_asymre_loss_vs_numpy(self, with_kl):
     x = make_inputs(11)
     kl = {"kl_coef": 0.2} if with_kl else {}
     arrays = {"ref_logprobs": x["ref_logprobs"]} if with_kl else {}
-    fn = self.variant(functools.partial(losses.asymre_loss, aggregation=aggregation, **kl))
-    loss, aux = fn(x["logprobs"], x["advantages"], x["mask"], **arrays)
+    got = self.variant(over_aggregations(losses.asymre_loss, **kl))(
+        x["logprobs"], x["advantages"], x["mask"], **arrays)
     ref_kw = {"ref": x["ref_logprobs"], "kl_coef": 0.2} if with_kl else {}
-    want_loss, want_aux = np_loss(x["logprobs"], x["advantages"], x["mask"], "asymre", aggregation,
-                                  **ref_kw)
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
-    self.assertEqual(set(aux), set(want_aux))
-    for k, v in want_aux.items():
-      np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    for aggregation, (loss, aux) in got.items():
+      want_loss, want_aux = np_loss(x["logprobs"], x["advantages"], x["mask"], "asymre",
+                                    aggregation, **ref_kw)
+      np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6, err_msg=aggregation)
+      self.assertEqual(set(aux), set(want_aux))
+      for k, v in want_aux.items():
+        np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{aggregation} {k}")
 
   def test_asymre_monitoring_ratio(self):
     x = make_inputs(12)
@@ -327,18 +345,18 @@ def grad_scale(mask, aggregation, normalizer=None):
 class GradientsTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.parameters(*AGGS)
-  def test_asymre_grad(self, aggregation):
+  def test_asymre_grad(self):
     x = make_inputs(20)
-    fn = lambda lp: losses.asymre_loss(lp, x["advantages"], x["mask"], aggregation=aggregation)[0]
-    grad = self.variant(jax.grad(fn))(x["logprobs"])
-    want = -x["advantages"][:, None] * grad_scale(x["mask"], aggregation)
-    chex.assert_trees_all_close(grad, want, atol=1e-7, rtol=1e-5)
+    grads = self.variant(over_aggregations(losses.asymre_loss, grad=True))(
+        x["logprobs"], x["advantages"], x["mask"])
+    for aggregation, grad in grads.items():
+      want = -x["advantages"][:, None] * grad_scale(x["mask"], aggregation)
+      chex.assert_trees_all_close(grad, want, atol=1e-7, rtol=1e-5, custom_message=aggregation)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(aggregation=AGGS, option=("plain", "kl", "tis"))
-  def test_grpo_grad_inside_and_outside_clip(self, aggregation, option):
-    # Rows: A > 0 and A < 0; columns: rho below, inside (twice) and above [0.9, 1.3].
+  @parameterized.parameters("plain", "kl", "tis")
+  def test_grpo_grad_inside_and_outside_clip(self, option):
+    # Rows: A > 0 and A < 0; columns: rho below, inside (twice) and above [0.9, 1.3], twice.
     rho = np.array([0.5, 0.95, 1.05, 1.5, 0.5, 0.95, 1.05, 1.5])
     adv = np.array([1.0, -1.0, 0.5, -2.0, 0.0], np.float32)
     mask = np.ones((5, 8), np.float32)
@@ -349,15 +367,17 @@ class GradientsTest(chex.TestCase):
     lp = (behaviour + np.log(rho)[None, :]).astype(np.float32)
     ref = (lp + rng.normal(0, 0.5, mask.shape)).astype(np.float32)
     tis = (behaviour + rng.normal(0, 0.4, mask.shape)).astype(np.float32)
-    kw = {"kl_coef": 0.3, "ref_logprobs": ref} if option == "kl" else {}
+    static, arrays = {}, {}
+    if option == "kl":
+      static, arrays = {"kl_coef": 0.3}, {"ref_logprobs": ref}
     if option == "tis":
-      kw = {"tis_cap": 1.4, "tis_logprobs": tis}
-    fn = lambda a: losses.grpo_loss(a, behaviour, adv, mask, EPS_LOW, EPS_HIGH, aggregation, **kw)[0]
-    grad = self.variant(jax.grad(fn))(lp)
+      static, arrays = {"tis_cap": 1.4}, {"tis_logprobs": tis}
+    fn = over_aggregations(losses.grpo_loss, grad=True, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                           **static)
+    grads = self.variant(fn)(lp, behaviour, adv, mask, **arrays)
 
     old = tis if option == "tis" else behaviour
-    scale = grad_scale(mask, aggregation)
-    want = np.zeros(mask.shape)
+    want = np.zeros(mask.shape)  # the gradient of the per-token loss; grad_scale aggregates it
     num_clipped = 0
     for b in range(5):
       for t in range(8):
@@ -367,14 +387,15 @@ class GradientsTest(chex.TestCase):
         clipped_active = ((adv[b] > 0 and r > 1 + EPS_HIGH) or (adv[b] < 0 and r < 1 - EPS_LOW))
         num_clipped += clipped_active
         w = min(math.exp(float(tis[b, t]) - float(behaviour[b, t])), 1.4) if option == "tis" else 1.0
-        g = 0.0 if clipped_active else -w * adv[b] * r
+        want[b, t] = 0.0 if clipped_active else -w * adv[b] * r
         if option == "kl":
-          g += 0.3 * (1.0 - math.exp(float(ref[b, t]) - float(lp[b, t])))
-        want[b, t] = g * scale[b, t]
-    chex.assert_trees_all_close(grad, want, atol=1e-6, rtol=1e-4)
+          want[b, t] += 0.3 * (1.0 - math.exp(float(ref[b, t]) - float(lp[b, t])))
+    for aggregation, grad in grads.items():
+      chex.assert_trees_all_close(grad, want * grad_scale(mask, aggregation), atol=1e-6,
+                                  rtol=1e-4, custom_message=aggregation)
     if option == "plain":
-      self.assertEqual(num_clipped, 4)  # (A>0, rho=1.5) and (A<0, rho=0.5), in rows 0-3
-      aux = losses.grpo_loss(lp, behaviour, adv, mask, EPS_LOW, EPS_HIGH, aggregation)[1]
+      self.assertEqual(num_clipped, 7)  # (A>0, rho=1.5) and (A<0, rho=0.5); row 2 ends at t=6
+      aux = losses.grpo_loss(lp, behaviour, adv, mask, EPS_LOW, EPS_HIGH)[1]
       np.testing.assert_allclose(aux["clip_fraction"], num_clipped / mask.sum(), rtol=1e-6)
       np.testing.assert_allclose(aux["ratio_max"], 1.5, rtol=1e-5)
 
@@ -390,8 +411,7 @@ class GradientsTest(chex.TestCase):
 class EdgeCasesTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.parameters(*AGGS)
-  def test_empty_rows_contribute_nothing(self, aggregation):
+  def test_empty_rows_contribute_nothing(self):
     x = make_inputs(30)
     keep = x["mask"].sum(axis=1) > 0
     self.assertFalse(keep.all())
@@ -399,37 +419,43 @@ class EdgeCasesTest(chex.TestCase):
     garbage[~keep] = np.array([np.nan, np.inf, -np.inf, 80.0, -1e30, 0, 0, 0, 0, 0], np.float32)
     behaviour = x["behaviour_logprobs"].copy()
     behaviour[~keep] = -90.0
-    normalizer = x["mask"].size if aggregation == "constant" else None  # same divisor after the cut
-    fn = self.variant(functools.partial(losses.grpo_loss, aggregation=aggregation,
-                                        normalizer=normalizer))
-    full = fn(garbage, behaviour, x["advantages"], x["mask"])
-    cut = fn(x["logprobs"][keep], x["behaviour_logprobs"][keep], x["advantages"][keep],
-             x["mask"][keep])
+    normalizer = float(x["mask"].size)  # the same "constant" divisor after the cut
+    args = (garbage, behaviour, x["advantages"], x["mask"])
+    full = self.variant(over_aggregations(losses.grpo_loss, normalizer))(*args)
+    cut = over_aggregations(losses.grpo_loss, normalizer)(
+        x["logprobs"][keep], x["behaviour_logprobs"][keep], x["advantages"][keep], x["mask"][keep])
     chex.assert_trees_all_close(full, cut, rtol=1e-6)
-    grad = jax.grad(lambda a: fn(a, behaviour, x["advantages"], x["mask"])[0])(garbage)
-    self.assertTrue(np.all(np.isfinite(grad)))
-    np.testing.assert_array_equal(np.asarray(grad)[~keep], 0.0)
+    grads = self.variant(over_aggregations(losses.grpo_loss, normalizer, grad=True))(*args)
+    for grad in grads.values():
+      self.assertTrue(np.all(np.isfinite(grad)))
+      np.testing.assert_array_equal(np.asarray(grad)[~keep], 0.0)
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(aggregation=AGGS, kind=("grpo", "asymre"))
-  def test_all_zero_mask_is_finite(self, aggregation, kind):
+  @parameterized.parameters("grpo", "asymre")
+  def test_all_zero_mask_is_finite(self, kind):
     x = make_inputs(31)
     mask = np.zeros_like(x["mask"])
-    ref = x["ref_logprobs"]
     if kind == "grpo":
-      fn = lambda lp: losses.grpo_loss(lp, x["behaviour_logprobs"], x["advantages"], mask,
-                                       aggregation=aggregation, ref_logprobs=ref, kl_coef=0.1,
-                                       tis_logprobs=x["tis_logprobs"], tis_cap=2.0)
+      loss_fn = functools.partial(losses.grpo_loss, kl_coef=0.1, tis_cap=2.0)
+      args = (x["logprobs"], x["behaviour_logprobs"], x["advantages"], mask)
+      arrays = {"ref_logprobs": x["ref_logprobs"], "tis_logprobs": x["tis_logprobs"]}
     else:
-      fn = lambda lp: losses.asymre_loss(lp, x["advantages"], mask, aggregation=aggregation,
-                                         ref_logprobs=ref, kl_coef=0.1,
-                                         behaviour_logprobs=x["behaviour_logprobs"])
-    (loss, aux), grad = self.variant(jax.value_and_grad(fn, has_aux=True))(x["logprobs"])
-    self.assertEqual(float(loss), 0.0)
-    np.testing.assert_array_equal(grad, 0.0)
-    for k, v in aux.items():
-      self.assertTrue(np.isfinite(v), k)
-    self.assertEqual(float(aux["num_tokens"]), 0.0)
+      loss_fn = functools.partial(losses.asymre_loss, kl_coef=0.1)
+      args = (x["logprobs"], x["advantages"], mask)
+      arrays = {"ref_logprobs": x["ref_logprobs"], "behaviour_logprobs": x["behaviour_logprobs"]}
+
+    def fn(*a, **kw):
+      return (over_aggregations(loss_fn)(*a, **kw),
+              over_aggregations(loss_fn, grad=True)(*a, **kw))
+
+    values, grads = self.variant(fn)(*args, **arrays)
+    for aggregation in AGGS:
+      loss, aux = values[aggregation]
+      self.assertEqual(float(loss), 0.0)
+      np.testing.assert_array_equal(grads[aggregation], 0.0)
+      for k, v in aux.items():
+        self.assertTrue(np.isfinite(v), f"{aggregation} {k}")
+      self.assertEqual(float(aux["num_tokens"]), 0.0)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_bfloat16_inputs_give_float32(self):
@@ -441,7 +467,7 @@ class EdgeCasesTest(chex.TestCase):
     self.assertEqual(loss.dtype, jnp.float32)
     self.assertTrue(all(v.dtype == jnp.float32 for v in aux.values()))
     want, _ = np_loss(as64["logprobs"], as64["advantages"], as64["mask"], "grpo", "token_mean",
-                      blp=as64["behaviour_logprobs"])
+                      blp=as64["behaviour_logprobs"], eps_low=0.2, eps_high=0.2)  # the defaults
     np.testing.assert_allclose(loss, want, rtol=1e-5)
     loss, _ = self.variant(losses.asymre_loss)(bf["logprobs"], bf["advantages"], bf["mask"])
     self.assertEqual(loss.dtype, jnp.float32)

@@ -2,7 +2,7 @@
 from jaxreplay.models import presets
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.models.decode import KVCache, decode_step, init_cache, prefill
-# from jaxreplay.models.hf_io import from_hf_state_dict, load_hf, save_hf, to_hf_state_dict
+from jaxreplay.models.hf_io import from_hf_state_dict, load_hf, save_hf, to_hf_state_dict
 from jaxreplay.models.logprobs import logprobs_from_logits, token_logprobs
 from jaxreplay.models.transformer import apply, hidden_states, init_params
 

@@ -136,7 +136,8 @@ class ModelConfig:
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", model_type != "qwen2")),
+        # An absent key means untied: transformers' Qwen3/Qwen2/Llama configs all default to False.
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         attention_bias=attention_bias,
         qk_norm=model_type == "qwen3",
         max_position_embeddings=int(d.get("max_position_embeddings", 4096)),

@@ -287,10 +287,10 @@ class _SafetensorsSource:
     if os.path.isfile(index_path):
       weight_map = _read_index(index_path)
       for name, shard in weight_map.items():
-        file = os.path.join(path, shard)
-        if self._file_of.get(name) != file:
-          raise ValueError(f"{index_path}: weight_map puts {name!r} in {shard}, but "
-                           f"{'no shard holds it' if name not in self._file_of else 'it is in ' + self._file_of[name]}")
+        actual = self._file_of.get(name)
+        if actual != os.path.join(path, shard):
+          where = "no shard holds it" if actual is None else f"it is in {actual}"
+          raise ValueError(f"{index_path}: weight_map puts {name!r} in {shard}, but {where}")
 
   def names(self):
     return list(self._file_of)
@@ -402,11 +402,13 @@ def _read_leaf(cfg: ModelConfig, src, rule: Rule, index: tuple, dtype) -> np.nda
 
   if not rule.per_layer:
     return np.ascontiguousarray(one(rule.hf_name))
-  parts = [one(rule.hf_name.format(i=i)) for i in layers]
-  if not parts:  # an empty slice of the layer axis
-    shape = (0,) + tuple(len(range(n)[s]) for n, s in zip(rule.jax_shape(cfg)[1:], index))
-    return np.zeros(shape, dtype if dtype is not None else src.dtype(rule.hf_name.format(i=0)))
-  return np.stack(parts)
+  first = one(rule.hf_name.format(i=layers[0]))  # shardings never hand out an empty slice
+  out = np.empty((len(layers),) + first.shape, first.dtype)  # filled in place: one leaf + one tensor
+  out[0] = first
+  del first
+  for j, i in enumerate(layers[1:], start=1):
+    out[j] = one(rule.hf_name.format(i=i))
+  return out
 
 
 def _assemble(cfg: ModelConfig, src, dtype, shardings) -> Params:

@@ -23,23 +23,20 @@ def logprobs_from_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
   """Entropy (nats) of softmax(logits) over the last axis; [..., V] -> float32 [...]."""
-  logits = logits.astype(jnp.float32)
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  probs = jnp.exp(logits - logz[..., None])
-  return logz - jnp.sum(probs * logits, axis=-1)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def _chunk_stats(cfg: ModelConfig, params: dict, h: jax.Array, targets: jax.Array,
                  return_entropy: bool):
   """h [B, C, D], targets [B, C] -> (logprobs f32 [B, C], entropy f32 [B, C] or None)."""
   logits = transformer.lm_head(cfg, params, h)  # f32 [B, C, V]
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  logp = target_logits - logz
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
   if not return_entropy:
     return logp, None
-  probs = jnp.exp(logits - logz[..., None])
-  return logp, logz - jnp.sum(probs * logits, axis=-1)
+  # -sum p log p from log-probs, not logsumexp - E[logit]: no cancellation when one token dominates.
+  return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
 
 
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: jax.Array,

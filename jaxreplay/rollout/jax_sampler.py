@@ -20,6 +20,7 @@ log-prob 0.0 (the greedy policy puts all its mass on that token).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Optional, Sequence
 
 import jax
@@ -34,7 +35,7 @@ GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it sample greedily
 
 # ---- pure sampling math -------------------------------------------------------------------------
 
-def _per_row(x, logits):
+def _per_row(x):
   """A scalar or [...] setting as an array broadcastable against logits [..., V]."""
   return jnp.asarray(x)[..., None] if jnp.ndim(x) else jnp.asarray(x)
 
@@ -50,7 +51,7 @@ def filter_logits(logits: jax.Array, temperature, top_k=None, top_p=None) -> jax
   Returns:
     float32 [..., V]: the tempered logits, -inf where filtered out. Every row keeps >= 1 token.
   """
-  x = logits.astype(jnp.float32) / _per_row(temperature, logits).astype(jnp.float32)
+  x = logits.astype(jnp.float32) / _per_row(temperature).astype(jnp.float32)
   if top_k is None and top_p is None:
     return x
   vocab = x.shape[-1]
@@ -104,3 +105,229 @@ def sample_token(rng: jax.Array, logits: jax.Array, temperature, top_k=None, top
   argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   tokens = jnp.where(greedy, argmax, sampled)
   return tokens, jnp.where(greedy, 0.0, sampled_lp).astype(jnp.float32)
+
+
+# ---- the batched generation loop ----------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "max_new", "use_top_k",
+                                             "use_top_p"))
+def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, top_k, top_p,
+                   stop_ids, *, cache_len: int, max_new: int, use_top_k: bool, use_top_p: bool):
+  """Prefill, then up to `max_new - 1` decode steps, stopping early once every row is done.
+
+  Args:
+    cfg: ModelConfig (static); params: its parameter pytree.
+    tokens: int32 [B, Lp] right-padded prompts; lengths: int32 [B] prompt lengths (>= 1).
+    valid: bool [B]; False rows are batch padding, done from the start.
+    row_keys: typed PRNG keys [B]; step t of row b draws with fold_in(row_keys[b], t).
+    temperature, top_p: float32 scalars; top_k: int32 scalar (used when use_top_k / use_top_p).
+    stop_ids: int32 [S] token ids that end a row (kept in its output); -1 entries match nothing.
+    cache_len: KV-cache length >= lengths + max_new - 1 (static); max_new: tokens per row (static).
+  Returns:
+    out_tokens int32 [B, max_new] (0 after a row's end), out_logprobs float32 [B, max_new]
+    (processed log-probs, 0 after the end), num_tokens int32 [B], stopped bool [B] (a stop token
+    ended the row, else max_new was reached).
+  """
+  b = tokens.shape[0]
+  k = top_k if use_top_k else None
+  p = top_p if use_top_p else None
+
+  def sample(step, logits):
+    keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
+    return sample_token(keys, logits, temperature, k, p)
+
+  def record(step, tok, lp, done, out_t, out_lp, num, stopped):
+    active = ~done
+    out_t = out_t.at[:, step].set(jnp.where(active, tok, 0))
+    out_lp = out_lp.at[:, step].set(jnp.where(active, lp, 0.0))
+    hit = active & jnp.isin(tok, stop_ids)
+    return done | hit, out_t, out_lp, num + active.astype(jnp.int32), stopped | hit
+
+  cache = models.init_cache(cfg, b, cache_len)
+  logits, cache = models.prefill(cfg, params, tokens, lengths, cache)
+  tok, lp = sample(0, logits)
+  state = record(0, tok, lp, ~valid, jnp.zeros((b, max_new), jnp.int32),
+                 jnp.zeros((b, max_new), jnp.float32), jnp.zeros((b,), jnp.int32),
+                 jnp.zeros((b,), bool))
+
+  def cond(carry):
+    step, _, _, done = carry[:4]
+    return (step < max_new) & ~jnp.all(done)
+
+  def body(carry):
+    step, tok, cache, *rest = carry
+    logits, cache = models.decode_step(cfg, params, tok, cache)
+    tok, lp = sample(step, logits)
+    return (step + 1, tok, cache, *record(step, tok, lp, *rest))
+
+  carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, *state))
+  _, _, _, _, out_t, out_lp, num, stopped = carry
+  return out_t, out_lp, num, stopped
+
+
+def default_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+  """Powers of two from `smallest` below `max_len`, then `max_len` itself."""
+  buckets, b = [], smallest
+  while b < max_len:
+    buckets.append(b)
+    b *= 2
+  return tuple(buckets) + (max_len,)
+
+
+class JaxSampler:
+  """A `RolloutWorker` that samples with the model's own JAX forward and KV cache.
+
+  All `len(prompts) * n` rows of a `generate` call are sorted by prompt length and cut into
+  batches of exactly `batch_size` rows (the last one padded), each prompt right-padded to the
+  smallest bucket that holds its batch; the jitted loop so compiles once per (prompt bucket,
+  max_tokens, which filters are on) and every batch reuses it. Row r of the call (prompt r // n,
+  sample r % n) draws its tokens from fold_in(seed, sampling.seed, call index, r) alone, so the
+  output does not depend on `batch_size` or on the other prompts.
+
+  Weights are read once per `generate` call under a lock, so a concurrent `set_params` never mixes
+  two policies in one call, and every Group carries the version that produced it.
+  """
+
+  def __init__(self, cfg, params, max_len: int, batch_size: int = 64,
+               eos_token_ids: Optional[Sequence[int]] = None, seed: int = 0,
+               policy_version: int = 0, prompt_buckets: Optional[Sequence[int]] = None,
+               load_dtype=jnp.float32):
+    """
+    Args:
+      cfg: ModelConfig; params: its parameter pytree (any sharding; jit follows it).
+      max_len: the most tokens (prompt + completion) a row may hold.
+      batch_size: rows per jitted batch.
+      eos_token_ids: ids that always end a completion, on top of `SamplingParams.stop_token_ids`;
+        None means (cfg.eos_token_id,) when it is set, () disables.
+      seed: the sampler's base seed. policy_version: version of `params`.
+      prompt_buckets: padded prompt lengths to compile for (default powers of two, then max_len).
+      load_dtype: parameter dtype for `update_weights` (`models.load_hf(..., dtype=)`).
+    """
+    if max_len < 2:
+      raise ValueError(f"max_len={max_len} must be >= 2 (one prompt token and one generated)")
+    if max_len > cfg.max_position_embeddings:
+      raise ValueError(f"max_len={max_len} exceeds the model's max_position_embeddings="
+                       f"{cfg.max_position_embeddings}; pass max_len <= {cfg.max_position_embeddings}")
+    if batch_size < 1:
+      raise ValueError(f"batch_size={batch_size} must be >= 1")
+    if eos_token_ids is None:
+      eos_token_ids = () if cfg.eos_token_id is None else (cfg.eos_token_id,)
+    buckets = sorted(set(int(x) for x in (prompt_buckets or default_buckets(max_len))))
+    if buckets[0] < 1 or buckets[-1] > max_len:
+      raise ValueError(f"prompt_buckets={buckets} must lie in [1, max_len={max_len}]")
+    if buckets[-1] < max_len:
+      buckets.append(max_len)
+    self.cfg, self.max_len, self.batch_size = cfg, int(max_len), int(batch_size)
+    self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+    self.seed, self.prompt_buckets, self.load_dtype = int(seed), tuple(buckets), load_dtype
+    self._params, self.policy_version = params, int(policy_version)
+    self._lock = threading.Lock()
+    self._calls = 0
+
+  @classmethod
+  def from_hf(cls, hf_dir: str, max_len: int, dtype=jnp.float32, policy_version: int = 0,
+              **kwargs) -> "JaxSampler":
+    """Loads a directory written by `models.save_hf` (or an HF checkpoint); kwargs as __init__."""
+    cfg, params = models.load_hf(hf_dir, dtype=dtype)
+    return cls(cfg, params, max_len, policy_version=policy_version, load_dtype=dtype, **kwargs)
+
+  # ---- weights ----------------------------------------------------------------------------------
+
+  def set_params(self, params, version: int, cfg=None) -> None:
+    """In-process weight refresh: later `generate` calls use `params` and tag `version`."""
+    with self._lock:
+      if cfg is not None:
+        self.cfg = cfg
+      self._params, self.policy_version = params, int(version)
+
+  def update_weights(self, hf_dir: str, version: int) -> None:
+    """Loads `hf_dir` (written by `models.save_hf`); later groups carry `version`."""
+    cfg, params = models.load_hf(hf_dir, dtype=self.load_dtype)
+    if (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size) != (
+        self.cfg.vocab_size, self.cfg.num_hidden_layers, self.cfg.hidden_size):
+      raise ValueError(f"{hf_dir}: architecture (vocab {cfg.vocab_size}, layers "
+                       f"{cfg.num_hidden_layers}, hidden {cfg.hidden_size}) differs from this "
+                       f"sampler's ({self.cfg.vocab_size}, {self.cfg.num_hidden_layers}, "
+                       f"{self.cfg.hidden_size}); build a new JaxSampler for another model")
+    self.set_params(params, version, cfg=cfg)
+
+  def close(self) -> None:
+    with self._lock:
+      self._params = None
+
+  # ---- sampling ---------------------------------------------------------------------------------
+
+  def _check_prompts(self, prompts, sampling: SamplingParams) -> list[np.ndarray]:
+    out = []
+    for i, p in enumerate(prompts):
+      p = np.asarray(p)
+      if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(f"prompt {i}: expected a non-empty 1-D integer token array, got "
+                         f"shape {p.shape} dtype {p.dtype}")
+      if p.min() < 0 or p.max() >= self.cfg.vocab_size:
+        raise ValueError(f"prompt {i}: token ids must lie in [0, vocab_size={self.cfg.vocab_size}),"
+                         f" got [{p.min()}, {p.max()}]")
+      if p.size + sampling.max_tokens > self.max_len:
+        raise ValueError(
+            f"prompt {i} has {p.size} tokens and max_tokens={sampling.max_tokens}: "
+            f"{p.size} + {sampling.max_tokens} = {p.size + sampling.max_tokens} exceeds the "
+            f"sampler's max_len={self.max_len}; build the JaxSampler with max_len >= "
+            f"{p.size + sampling.max_tokens}, lower SamplingParams.max_tokens, or truncate the prompt")
+      out.append(p.astype(np.int32))
+    return out
+
+  def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
+    """Samples `n` completions for each prompt (int32 [Lp]); one Group per prompt, in order.
+
+    Completion tokens run up to and including the first stop / eos token ("stop") or stop after
+    `sampling.max_tokens` tokens ("length"); logprobs are the processed log-probs (module doc).
+    """
+    if n < 1:
+      raise ValueError(f"n={n} must be >= 1")
+    prompts = self._check_prompts(prompts, sampling)
+    with self._lock:
+      params, version, cfg = self._params, self.policy_version, self.cfg
+      call = self._calls
+      self._calls += 1
+    if params is None:
+      raise ValueError("this JaxSampler is closed; build a new one")
+    if not prompts:
+      return []
+    stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
+    stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
+    stop_ids[:len(stop)] = stop
+    call_key = jax.random.fold_in(
+        jax.random.fold_in(jax.random.key(self.seed), sampling.seed), call)
+    use_top_k = 0 < sampling.top_k < cfg.vocab_size
+    use_top_p = sampling.top_p < 1.0
+    scalars = (jnp.float32(sampling.temperature), jnp.int32(sampling.top_k),
+               jnp.float32(sampling.top_p), jnp.asarray(stop_ids))
+
+    rows = len(prompts) * n  # row r: prompt r // n, sample r % n
+    lengths = np.repeat([p.size for p in prompts], n)
+    order = np.argsort(lengths, kind="stable")
+    tokens_out = [None] * rows
+    bs = self.batch_size
+    for start in range(0, rows, bs):
+      idx = order[start:start + bs]
+      real = len(idx)
+      idx = np.concatenate([idx, np.full(bs - real, idx[0])])  # pad the batch with copies
+      bucket = next(b for b in self.prompt_buckets if b >= lengths[idx].max())
+      batch = np.zeros((bs, bucket), np.int32)
+      for j, r in enumerate(idx):
+        p = prompts[r // n]
+        batch[j, :p.size] = p
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(call_key, jnp.asarray(idx, jnp.uint32))
+      valid = np.arange(bs) < real
+      out = generate_batch(
+          cfg, params, jnp.asarray(batch), jnp.asarray(lengths[idx], jnp.int32),
+          jnp.asarray(valid), keys, *scalars,
+          cache_len=min(self.max_len, bucket + sampling.max_tokens),
+          max_new=sampling.max_tokens, use_top_k=use_top_k, use_top_p=use_top_p)
+      out_t, out_lp, num, stopped = jax.device_get(out)
+      for j in range(real):
+        m = int(num[j])
+        tokens_out[idx[j]] = Completion(tokens=out_t[j, :m].copy(), logprobs=out_lp[j, :m].copy(),
+                                        finish_reason="stop" if stopped[j] else "length")
+    return [Group(prompt_tokens=prompts[i], completions=tokens_out[i * n:(i + 1) * n],
+                  policy_version=version, prompt_index=i) for i in range(len(prompts))]

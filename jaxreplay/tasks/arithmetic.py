@@ -120,7 +120,7 @@ class ArithmeticTask:
     """The first `n` distinct held-out problems of this task's fixed eval sequence."""
     rng = np.random.default_rng([self.seed, 0x5EED])
     seen: dict[str, Problem] = {}
-    for _ in range(50 * n + 1000):
+    for _ in range(10 * n + 200):
       if len(seen) == n:
         break
       p = self._draw(rng, heldout=True)

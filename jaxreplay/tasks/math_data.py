@@ -125,14 +125,12 @@ class MathTask:
     heldout: evaluation problems (disjoint from `train`).
     reward_timeout_s: time limit of one math-verify call.
     num_reward_workers: reward child processes (`score_batch` spreads a batch over them).
-    mp_context: start method of the reward processes.
 
   Same interface as `ArithmeticTask`.
   """
 
   def __init__(self, train: Sequence[Problem], heldout: Sequence[Problem],
-               reward_timeout_s: float = 5.0, num_reward_workers: int = 1,
-               mp_context: str = "spawn"):
+               reward_timeout_s: float = 5.0, num_reward_workers: int = 1):
     if not train:
       raise ValueError("MathTask: no training problems")
     if not heldout:
@@ -140,7 +138,7 @@ class MathTask:
     self.train, self.heldout = list(train), list(heldout)
     self._safe = rewards_lib.SafeReward(
         rewards_lib.math_verify_reward, timeout_s=reward_timeout_s, backend="process",
-        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"), mp_context=mp_context)
+        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"))
 
   @classmethod
   def from_files(cls, path: str, eval_path: Optional[str] = None, problem_key: str = "problem",

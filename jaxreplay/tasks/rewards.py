@@ -13,10 +13,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-import multiprocessing
+from multiprocessing import connection as mp_connection
+import os
 import pickle
 import queue
 import signal
+import subprocess
+import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -64,67 +67,103 @@ def math_verify_reward(completion: str, answer: str) -> float:
 
 # ---- worker slots: one call at a time, with a deadline ---------------------------------------
 
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def _serve(conn, fn, warmup_args):
-  """Child-process loop: receives argument tuples, sends back ("ok", value) or ("error", text)."""
+
+def _child_main(read_fd: int, write_fd: int) -> None:
+  """Reward child process: receives the parent's sys.path, then (fn, warmup_args), then argument
+  tuples; answers ("ok", value) or ("error", text). Started by `_ProcessSlot` as `python -c ...`."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+  inp = mp_connection.Connection(read_fd, writable=False)
+  out = mp_connection.Connection(write_fd, readable=False)
+  try:
+    sys_path = inp.recv_bytes()
+    sys.path.extend(p for p in pickle.loads(sys_path) if p not in sys.path)
+    fn, warmup_args = pickle.loads(inp.recv_bytes())
+  except Exception as e:  # pylint: disable=broad-except
+    out.send(("error", f"could not load the reward function in the worker: {e!r}"))
+    return
   if warmup_args is not None:
     try:
       fn(*warmup_args)  # first-call imports (sympy, ...) must not eat a scored call's time limit
     except Exception:  # pylint: disable=broad-except
       pass
-  conn.send(("ready", None))
+  out.send(("ready", None))
   while True:
     try:
-      args = conn.recv()
+      args = inp.recv()
     except (EOFError, OSError):
-      return
+      return  # the parent went away
     if args is None:
       return
     try:
-      conn.send(("ok", float(fn(*args))))
+      out.send(("ok", float(fn(*args))))
     except Exception as e:  # pylint: disable=broad-except
-      conn.send(("error", repr(e)[:500]))
+      out.send(("error", repr(e)[:500]))
 
 
 class _ProcessSlot:
-  """A persistent child process running `fn`; killed on timeout, restarted on the next call."""
+  """A persistent child process running `fn`; killed on timeout, restarted on the next call.
 
-  def __init__(self, ctx, fn, warmup_args, start_timeout_s: float):
-    self._ctx, self._fn, self._warmup_args = ctx, fn, warmup_args
+  A fresh interpreter (`python -c`), not multiprocessing: spawn/forkserver re-run the parent's
+  `__main__` (breaking unguarded scripts) and fork is unsafe next to JAX's and vLLM's threads.
+  """
+
+  def __init__(self, fn_bytes: bytes, start_timeout_s: float):
+    self._fn_bytes = fn_bytes
     self._start_timeout_s = start_timeout_s
-    self._proc = None
-    self._conn = None
+    self._proc: Optional[subprocess.Popen] = None
+    self._send = self._recv = None
     self.starts = 0
 
   def _start(self) -> None:
-    parent, child = self._ctx.Pipe(duplex=True)
-    proc = self._ctx.Process(target=_serve, args=(child, self._fn, self._warmup_args), daemon=True)
-    proc.start()
-    child.close()
-    self._proc, self._conn = proc, parent
-    self.starts += 1
-    if not parent.poll(self._start_timeout_s):
-      self.kill()
-      raise RuntimeError(f"reward worker did not start within {self._start_timeout_s:.0f} s")
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
+    code = ("from jaxreplay.tasks.rewards import _child_main; "
+            f"_child_main({to_child_r}, {from_child_w})")
     try:
-      parent.recv()
+      self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w),
+                                    stdin=subprocess.DEVNULL, env=env, close_fds=True)
+    finally:
+      os.close(to_child_r)
+      os.close(from_child_w)
+    self._send = mp_connection.Connection(to_child_w, readable=False)
+    self._recv = mp_connection.Connection(from_child_r, writable=False)
+    self.starts += 1
+    try:
+      self._send.send_bytes(pickle.dumps(list(sys.path)))
+      self._send.send_bytes(self._fn_bytes)
+      if not self._recv.poll(self._start_timeout_s):
+        raise RuntimeError(f"reward worker did not start within {self._start_timeout_s:.0f} s")
+      status, value = self._recv.recv()
     except (EOFError, OSError) as e:
       self.kill()
-      raise RuntimeError("reward worker died while starting (is the reward function importable "
-                         "from a fresh process?)") from e
+      raise RuntimeError(f"reward worker died while starting (exit code "
+                         f"{self._proc.returncode if self._proc else '?'})") from e
+    except RuntimeError:
+      self.kill()
+      raise
+    if status != "ready":
+      self.kill()
+      raise RuntimeError(value)
+
+  def alive(self) -> bool:
+    return self._proc is not None and self._proc.poll() is None
 
   def call(self, args: tuple, timeout_s: float) -> tuple[str, Any]:
-    if self._proc is None or not self._proc.is_alive():
+    if not self.alive():
       self.kill()
       try:
         self._start()
       except RuntimeError as e:
         return "error", str(e)
     try:
-      self._conn.send(args)
-      if self._conn.poll(timeout_s):
-        return self._conn.recv()
+      self._send.send(args)
+      if self._recv.poll(timeout_s):
+        return self._recv.recv()
     except (EOFError, OSError, pickle.PicklingError) as e:
       self.kill()
       return "error", f"reward worker failed: {e!r}"
@@ -133,18 +172,20 @@ class _ProcessSlot:
 
   def kill(self) -> None:
     if self._proc is not None:
-      if self._proc.is_alive():
+      if self._proc.poll() is None:
         self._proc.kill()
-      self._proc.join(5)
-      self._conn.close()
-    self._proc = self._conn = None
+      self._proc.wait()
+    for conn in (self._send, self._recv):
+      if conn is not None:
+        conn.close()
+    self._proc = self._send = self._recv = None
 
   def close(self) -> None:
-    if self._proc is not None and self._proc.is_alive():
+    if self.alive():
       try:
-        self._conn.send(None)
-        self._proc.join(1)
-      except OSError:
+        self._send.send(None)
+        self._proc.wait(1)
+      except (OSError, subprocess.TimeoutExpired):
         pass
     self.kill()
 
@@ -196,8 +237,6 @@ class SafeReward:
     backend: "process" (killable child processes) or "thread" (daemon threads, for cheap rewards).
     num_workers: parallel slots; `score_batch` spreads a batch over them.
     warmup_args: arguments of one call each new worker process makes before accepting work.
-    mp_context: multiprocessing start method of the child processes ("spawn" is safe with JAX's
-      threads; "forkserver" starts faster).
     start_timeout_s: how long a starting child process may take.
 
   Thread-safe: several rollout threads may score at once (each call takes a free slot).
@@ -205,20 +244,21 @@ class SafeReward:
 
   def __init__(self, fn: Callable[..., float], timeout_s: float = 5.0, backend: str = "process",
                num_workers: int = 1, warmup_args: Optional[tuple] = None,
-               mp_context: str = "spawn", start_timeout_s: float = 120.0):
+               start_timeout_s: float = 120.0):
     if timeout_s <= 0:
       raise ValueError(f"timeout_s={timeout_s} must be > 0")
     if num_workers < 1:
       raise ValueError(f"num_workers={num_workers} must be >= 1")
     if backend == "process":
+      if getattr(fn, "__module__", None) == "__main__":
+        raise ValueError(f"backend='process' runs {fn!r} in a fresh interpreter, which cannot import "
+                         "__main__: define it in an importable module, or use backend='thread'")
       try:
-        pickle.dumps(fn)
+        fn_bytes = pickle.dumps((fn, warmup_args))
       except Exception as e:  # pylint: disable=broad-except
         raise ValueError(f"backend='process' needs a picklable reward function (module-level), "
                          f"got {fn!r}: {e}; or use backend='thread'") from e
-      ctx = multiprocessing.get_context(mp_context)
-      self._slots = [_ProcessSlot(ctx, fn, warmup_args, start_timeout_s)
-                     for _ in range(num_workers)]
+      self._slots = [_ProcessSlot(fn_bytes, start_timeout_s) for _ in range(num_workers)]
     elif backend == "thread":
       self._slots = [_ThreadSlot(fn) for _ in range(num_workers)]
     else:
@@ -270,7 +310,8 @@ class SafeReward:
   def start(self) -> None:
     """Starts the child processes now (otherwise on first use)."""
     for slot in self._slots:
-      if isinstance(slot, _ProcessSlot) and slot._proc is None:  # pylint: disable=protected-access
+      if isinstance(slot, _ProcessSlot) and not slot.alive():
+        slot.kill()
         slot._start()  # pylint: disable=protected-access
 
   @property

@@ -1,0 +1,35 @@
+"""Rollout workers: the interface, the JAX sampler, the vLLM engine, the worker pool, weight sync.
+
+Only the interface (numpy) is imported eagerly. The rest loads on first use, so that importing
+`jaxreplay.rollout` never imports vLLM or torch (an optional extra), and a vLLM worker process that
+imports `jaxreplay.rollout.vllm_worker` does not import JAX.
+"""
+import importlib
+
+from jaxreplay.rollout.base import Completion, Group, RolloutWorker, SamplingParams
+
+_LAZY = {
+    "JaxSampler": "jaxreplay.rollout.jax_sampler",
+    "VllmEngine": "jaxreplay.rollout.vllm_worker",
+    "VllmWorkerProcess": "jaxreplay.rollout.vllm_worker",
+    "WorkerDied": "jaxreplay.rollout.vllm_worker",
+    "WeightPublisher": "jaxreplay.rollout.weight_sync",
+    "PublishRecord": "jaxreplay.rollout.weight_sync",
+    "WorkerPool": "jaxreplay.rollout.pool",
+    "PromptBatch": "jaxreplay.rollout.pool",
+    "Delivery": "jaxreplay.rollout.pool",
+}
+
+__all__ = ["SamplingParams", "Completion", "Group", "RolloutWorker", *_LAZY]
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'jaxreplay.rollout' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,350 @@
+"""A pool of W rollout workers, each driven by its own host thread.
+
+Each thread loops: apply the newest weights if its worker is behind, take a `PromptBatch` from the
+prompt source, `generate`, and hand a `Delivery` (the groups, tagged with the policy version that
+produced them) to the sink. Weight refreshes are applied by the worker's own thread between two
+requests, so no request straddles a refresh.
+
+Worker failure: when a worker dies (`WorkerDied` from generate or update_weights) its in-flight
+request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
+`make_worker(i)`, the new worker is refreshed to the newest weights, and the thread goes on. Any
+other exception (from a worker, the source or the sink) is a bug: the pool stops and
+`raise_if_failed()` re-raises it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams
+from jaxreplay.rollout.vllm_worker import WorkerDied
+
+
+@dataclasses.dataclass
+class PromptBatch:
+  """One request: prompts (int32 [Lp] arrays), n samples each, settings; `meta` rides along."""
+  prompts: list[np.ndarray]
+  n: int
+  sampling: SamplingParams
+  meta: Any = None
+
+
+@dataclasses.dataclass
+class Delivery:
+  """What the sink receives: the groups of one whole request, all of `policy_version`."""
+  groups: list[Group]
+  batch: PromptBatch
+  worker_index: int
+  policy_version: int
+  generate_seconds: float
+  num_tokens: int
+
+
+PromptSource = Callable[[int], Optional[PromptBatch]]  # worker index -> a batch, or None (none now)
+Sink = Callable[[Delivery], None]
+DropHandler = Callable[[PromptBatch, BaseException], None]
+
+
+class _WorkerRunner:
+  """Slot `index` of the pool: one thread, the worker it drives, and its counters."""
+
+  def __init__(self, pool: "WorkerPool", index: int):
+    self.pool = pool
+    self.index = index
+    self.worker: Optional[RolloutWorker] = None
+    self.requests = 0
+    self.groups = 0
+    self.completions = 0
+    self.tokens = 0
+    self.restarts = 0
+    self.failed_starts = 0
+    self.dropped = 0
+    self.refreshes = 0
+    self.generate_seconds = 0.0
+    self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
+
+  @property
+  def version(self) -> Optional[int]:
+    worker = self.worker
+    return None if worker is None else worker.policy_version
+
+  def _run(self) -> None:
+    pool = self.pool
+    try:
+      while not pool.stopping:
+        if self.worker is None and not self._start_worker():
+          continue
+        if not self._refresh_if_behind():
+          continue
+        batch = pool._next_batch(self.index)  # pylint: disable=protected-access
+        if batch is None:
+          pool._stop.wait(pool.idle_sleep_s)  # pylint: disable=protected-access
+          continue
+        self._serve(batch)
+    except BaseException as e:  # pylint: disable=broad-except
+      pool._fail(self.index, e)  # pylint: disable=protected-access
+    finally:
+      worker, self.worker = self.worker, None
+      if worker is not None:
+        _close_quietly(worker)
+
+  def _start_worker(self) -> bool:
+    """Makes a worker (first start or replacement) at the newest weights; False to retry later."""
+    pool = self.pool
+    worker = None
+    try:
+      worker = pool.make_worker(self.index)
+      target = pool.target
+      if target is not None and worker.policy_version != target[1]:
+        worker.update_weights(*target)
+    except WorkerDied:
+      if worker is not None:
+        _close_quietly(worker)
+      self.failed_starts += 1
+      if self.failed_starts > pool.max_restarts:
+        raise
+      pool._stop.wait(pool.restart_backoff_s)  # pylint: disable=protected-access
+      return False
+    if pool.stopping:
+      _close_quietly(worker)
+      return False
+    self.worker = worker
+    return True
+
+  def _refresh_if_behind(self) -> bool:
+    target = self.pool.target
+    if target is None or self.worker.policy_version == target[1]:
+      return True
+    try:
+      self.worker.update_weights(*target)
+    except WorkerDied:
+      self._replace()
+      return False
+    self.refreshes += 1
+    return True
+
+  def _serve(self, batch: PromptBatch) -> None:
+    pool = self.pool
+    version = self.worker.policy_version
+    start = time.perf_counter()
+    try:
+      groups = self.worker.generate(batch.prompts, batch.n, batch.sampling)
+    except WorkerDied as e:
+      self._drop(batch, e)
+      self._replace()
+      return
+    seconds = time.perf_counter() - start
+    _check_groups(groups, batch, version)
+    if pool.stopping:
+      self._drop(batch, RuntimeError("the pool stopped before this request was delivered"))
+      return
+    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+    pool._deliver(Delivery(groups=groups, batch=batch, worker_index=self.index,  # pylint: disable=protected-access
+                           policy_version=version, generate_seconds=seconds, num_tokens=tokens))
+    self.requests += 1
+    self.groups += len(groups)
+    self.completions += sum(len(g.completions) for g in groups)
+    self.tokens += tokens
+    self.generate_seconds += seconds
+
+  def _drop(self, batch: PromptBatch, reason: BaseException) -> None:
+    self.dropped += 1
+    if self.pool.on_drop is not None:
+      self.pool.on_drop(batch, reason)
+
+  def _replace(self) -> None:
+    worker, self.worker = self.worker, None
+    if worker is not None:
+      _close_quietly(worker)
+    if self.pool.stopping:
+      return
+    self.restarts += 1
+    if self.restarts > self.pool.max_restarts:
+      raise WorkerDied(f"rollout worker {self.index} died {self.restarts} times "
+                       f"(max_restarts={self.pool.max_restarts})")
+
+
+def _check_groups(groups: list[Group], batch: PromptBatch, version: int) -> None:
+  if len(groups) != len(batch.prompts):
+    raise RuntimeError(f"worker returned {len(groups)} groups for {len(batch.prompts)} prompts")
+  for g in groups:
+    if g.policy_version != version:
+      raise RuntimeError(f"a group is tagged version {g.policy_version}, but the worker held "
+                         f"version {version} for the whole request")
+    if len(g.completions) != batch.n:
+      raise RuntimeError(f"a group has {len(g.completions)} completions, expected n={batch.n}")
+
+
+def _close_quietly(worker: RolloutWorker, timeout_s: float = 10.0) -> None:
+  """Closes `worker` in a helper thread, waiting at most `timeout_s` (a stuck close is abandoned)."""
+  def close():
+    try:
+      worker.close()
+    except Exception:  # pylint: disable=broad-except
+      pass  # A dead worker may fail to close; it is gone either way.
+  t = threading.Thread(target=close, name="rollout-worker-close", daemon=True)
+  t.start()
+  t.join(timeout_s)
+
+
+class WorkerPool:
+  """W rollout workers driven concurrently; see the module docstring.
+
+  Args:
+    make_worker: index -> a new `RolloutWorker` (called again to replace a dead one).
+    num_workers: W.
+    source: worker index -> `PromptBatch`, or None when there is no work right now (the thread
+      then waits `idle_sleep_s`). Called under a lock (one call at a time); it should not block
+      long, or `stop` waits for it.
+    sink: receives each `Delivery`; called under a lock (one call at a time).
+    initial_weights: (hf_dir, version) new workers are brought to before their first request.
+    max_restarts: per worker slot, for deaths and for failed starts; beyond it the pool fails.
+    on_drop: called with each dropped request (its worker died, or the pool stopped) so that the
+      caller may re-queue its prompts.
+  """
+
+  def __init__(self, make_worker: Callable[[int], RolloutWorker], num_workers: int,
+               source: PromptSource, sink: Sink, *,
+               initial_weights: Optional[tuple[str, int]] = None, max_restarts: int = 5,
+               restart_backoff_s: float = 1.0, idle_sleep_s: float = 0.05,
+               on_drop: Optional[DropHandler] = None):
+    if num_workers < 1:
+      raise ValueError(f"num_workers={num_workers} must be >= 1")
+    self.make_worker = make_worker
+    self.num_workers = int(num_workers)
+    self.source = source
+    self.sink = sink
+    self.max_restarts = int(max_restarts)
+    self.restart_backoff_s = float(restart_backoff_s)
+    self.idle_sleep_s = float(idle_sleep_s)
+    self.on_drop = on_drop
+    self._target = None if initial_weights is None else (str(initial_weights[0]), int(initial_weights[1]))
+    self._stop = threading.Event()
+    self._state_lock = threading.Lock()
+    self._source_lock = threading.Lock()
+    self._sink_lock = threading.Lock()
+    self._error: Optional[BaseException] = None
+    self._started_at: Optional[float] = None
+    self._runners = [_WorkerRunner(self, i) for i in range(self.num_workers)]
+
+  # ---- control ------------------------------------------------------------------------------
+
+  def start(self) -> "WorkerPool":
+    """Starts the W threads (each makes its worker, so the engines start concurrently)."""
+    if self._started_at is not None:
+      raise RuntimeError("this WorkerPool was already started")
+    self._started_at = time.perf_counter()
+    for r in self._runners:
+      r.thread.start()
+    return self
+
+  def refresh(self, hf_dir: str, version: int) -> None:
+    """Makes (hf_dir, version) the newest weights; each worker loads them before its next request."""
+    with self._state_lock:
+      if self._target is not None and int(version) < self._target[1]:
+        raise ValueError(f"refresh to version {version} is older than the current target "
+                         f"{self._target[1]}; versions must not decrease")
+      self._target = (str(hf_dir), int(version))
+
+  @property
+  def target(self) -> Optional[tuple[str, int]]:
+    """The newest (hf_dir, version) given to `refresh` (or `initial_weights`)."""
+    return self._target
+
+  @property
+  def stopping(self) -> bool:
+    return self._stop.is_set()
+
+  def wait_ready(self, timeout_s: float = 300.0) -> None:
+    """Blocks until every slot holds a worker; raises the pool's error, or TimeoutError."""
+    self._wait(lambda: all(r.worker is not None for r in self._runners), timeout_s, "workers to start")
+
+  def wait_for_version(self, version: int, timeout_s: float = 300.0) -> None:
+    """Blocks until every worker holds weights of at least `version`, or raises TimeoutError."""
+    def done():
+      return all(r.version is not None and r.version >= version for r in self._runners)
+    self._wait(done, timeout_s, f"all workers to load version {version}")
+
+  def raise_if_failed(self) -> None:
+    """Re-raises the exception that stopped the pool, if any."""
+    if self._error is not None:
+      raise RuntimeError(f"the rollout pool failed: {self._error!r}") from self._error
+
+  def stop(self, timeout_s: float = 30.0) -> None:
+    """Stops every thread and closes every worker. Returns within about timeout_s + 5 s.
+
+    Threads finish their current request (its result is dropped, not delivered). Workers still
+    busy at the deadline are killed when they support `kill()` (`VllmWorkerProcess`); an
+    in-process engine cannot be interrupted, and its daemon thread is abandoned (see metrics).
+    """
+    self._stop.set()
+    deadline = time.monotonic() + timeout_s
+    for r in self._runners:
+      if r.thread.is_alive():
+        r.thread.join(max(0.0, deadline - time.monotonic()))
+    for r in self._runners:
+      worker = r.worker
+      if r.thread.is_alive() and worker is not None and hasattr(worker, "kill"):
+        worker.kill()
+    grace = time.monotonic() + 5.0
+    for r in self._runners:
+      if r.thread.is_alive():
+        r.thread.join(max(0.0, grace - time.monotonic()))
+
+  def __enter__(self) -> "WorkerPool":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+  def metrics(self) -> dict[str, Any]:
+    """Totals and per-worker counters; tokens_per_second is over the pool's wall time."""
+    wall = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
+    keys = ("requests", "groups", "completions", "tokens", "restarts", "failed_starts", "dropped",
+            "refreshes", "generate_seconds")
+    per_worker = [dict({k: getattr(r, k) for k in keys}, index=r.index, version=r.version,
+                       alive=r.thread.is_alive()) for r in self._runners]
+    totals = {k: sum(w[k] for w in per_worker) for k in keys}
+    target = self._target
+    return dict(totals, num_workers=self.num_workers, wall_seconds=wall,
+                tokens_per_second=totals["tokens"] / wall if wall > 0 else 0.0,
+                target_version=None if target is None else target[1],
+                live_threads=sum(w["alive"] for w in per_worker),
+                failed=self._error is not None, per_worker=per_worker)
+
+  # ---- called by the runners ----------------------------------------------------------------
+
+  def _next_batch(self, index: int) -> Optional[PromptBatch]:
+    with self._source_lock:
+      if self.stopping:
+        return None
+      batch = self.source(index)
+    if batch is not None and not isinstance(batch, PromptBatch):
+      raise TypeError(f"the prompt source returned {type(batch).__name__}; expected PromptBatch or None")
+    return batch
+
+  def _deliver(self, delivery: Delivery) -> None:
+    with self._sink_lock:
+      self.sink(delivery)
+
+  def _fail(self, index: int, error: BaseException) -> None:
+    with self._state_lock:
+      if self._error is None:
+        self._error = error
+        self._error_worker = index
+    self._stop.set()
+
+  def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+      self.raise_if_failed()
+      if self.stopping:
+        raise RuntimeError(f"the pool stopped while waiting for {what}")
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+      time.sleep(0.01)
+    self.raise_if_failed()

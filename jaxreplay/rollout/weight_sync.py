@@ -1,0 +1,132 @@
+"""Weight refresh: the trainer's parameters -> one HF directory the rollout workers load in one RPC.
+
+`WeightPublisher.publish` moves the whole parameter pytree to the host in one batched transfer
+(`jax.device_get` of the tree, not one call per tensor), writes it with `models.save_hf` (one
+safetensors file, written under a temporary name and renamed into place, so a worker never sees a
+partial directory) to `root/v{version}`, and keeps the newest `keep` versions. The root defaults to
+`/dev/shm/jaxreplay-<pid>` (RAM-backed, shared by the worker processes of this machine) and falls
+back to a temporary directory where /dev/shm is absent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Optional
+
+import jax
+
+from jaxreplay.models.config import ModelConfig
+from jaxreplay.models.hf_io import save_hf
+
+@dataclasses.dataclass(frozen=True)
+class PublishRecord:
+  """One publish: where, which version, bytes of the safetensors files, and seconds."""
+  hf_dir: str
+  version: int
+  nbytes: int
+  transfer_seconds: float
+  write_seconds: float
+
+  @property
+  def seconds(self) -> float:
+    return self.transfer_seconds + self.write_seconds
+
+
+def default_root() -> str:
+  """`/dev/shm/jaxreplay-<pid>` when /dev/shm is a writable directory, else a new temporary dir."""
+  shm = "/dev/shm"
+  if os.path.isdir(shm) and os.access(shm, os.W_OK):
+    return os.path.join(shm, f"jaxreplay-{os.getpid()}")
+  return tempfile.mkdtemp(prefix="jaxreplay-weights-")
+
+
+class WeightPublisher:
+  """Writes successive parameter versions as HF directories `root/v{version}`.
+
+  Args:
+    root: the directory holding the versions; None uses `default_root()` and deletes it on `close`.
+      A given root is kept on `close` (only the version directories written here are pruned).
+    keep: how many of the newest versions stay on disk (>= 1). Keep >= 2 when workers apply a
+      refresh lazily: a worker may still be reading version v while v+1 is being written.
+  """
+
+  def __init__(self, root: Optional[str] = None, keep: int = 2):
+    if keep < 1:
+      raise ValueError(f"keep={keep} must be >= 1 (the newest version must stay on disk)")
+    self._owns_root = root is None
+    self.root = os.path.abspath(root or default_root())
+    os.makedirs(self.root, exist_ok=True)
+    self.keep = int(keep)
+    self._lock = threading.Lock()
+    self._published: list[PublishRecord] = []
+    self.history: list[PublishRecord] = []
+
+  @property
+  def latest(self) -> Optional[PublishRecord]:
+    """The newest publish, or None."""
+    return self._published[-1] if self._published else None
+
+  @property
+  def last_publish_seconds(self) -> float:
+    """Host transfer + write seconds of the newest publish (0.0 before the first)."""
+    return self.latest.seconds if self.latest else 0.0
+
+  def version_dir(self, version: int) -> str:
+    return os.path.join(self.root, f"v{int(version)}")
+
+  def publish(self, cfg: ModelConfig, params: Any, version: int,
+              tokenizer_dir: Optional[str] = None, dtype=None) -> str:
+    """Writes `params` as version `version`; returns its directory `root/v{version}`.
+
+    Args:
+      cfg: the architecture (config.json).
+      params: the parameter pytree (jax arrays, possibly sharded, or numpy).
+      version: the policy version (an int greater than any published before).
+      tokenizer_dir: tokenizer files to copy alongside (vLLM runs without them here).
+      dtype: None writes the params' dtype; else the tensors are cast (e.g. "bfloat16").
+    Returns:
+      The absolute path of the new HF directory.
+    """
+    version = int(version)
+    with self._lock:
+      if self._published and version <= self._published[-1].version:
+        raise ValueError(f"version {version} is not newer than the last published version "
+                         f"{self._published[-1].version}; versions must increase")
+      start = time.perf_counter()
+      host = jax.device_get(params)  # One batched device -> host transfer of the whole tree.
+      transferred = time.perf_counter()
+      out_dir = self.version_dir(version)
+      save_hf(cfg, host, out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
+      done = time.perf_counter()
+      nbytes = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)
+                   if f.endswith(".safetensors"))
+      record = PublishRecord(hf_dir=out_dir, version=version, nbytes=nbytes,
+                             transfer_seconds=transferred - start, write_seconds=done - transferred)
+      self._published.append(record)
+      self.history.append(record)
+      self._prune()
+    return out_dir
+
+  def close(self) -> None:
+    """Deletes the versions written here (and the root when it was the default one)."""
+    with self._lock:
+      for record in self._published:
+        shutil.rmtree(record.hf_dir, ignore_errors=True)
+      self._published.clear()
+      if self._owns_root:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+  def __enter__(self) -> "WeightPublisher":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def _prune(self) -> None:
+    while len(self._published) > self.keep:
+      old = self._published.pop(0)
+      shutil.rmtree(old.hf_dir, ignore_errors=True)

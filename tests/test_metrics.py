@@ -1,0 +1,134 @@
+"""Tests of the metrics writers, the progress line and the plot command."""
+import glob
+import json
+import os
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxreplay import metrics, plot
+
+event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
+
+
+def read_tb_scalars(tb_dir):
+  """{tag: [(step, value)]} from the TFRecord event files (length, crc, payload, crc)."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(tb_dir, "events.out.tfevents.*"))):
+    data = open(path, "rb").read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append((event.step, v.simple_value))
+  return out
+
+
+def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
+  with metrics.MetricsWriter(str(tmp_path)) as w:
+    row = w.write(np.int64(1), {"loss": np.float32(0.5), "reward_mean": jnp.asarray(0.25),
+                                "count": np.int32(3), "flag": np.bool_(True), "name": "x",
+                                "bad": float("nan"), "vec": np.arange(2)})
+    w.write(2, {"loss": 0.4})
+  assert row == {"step": 1, "loss": 0.5, "reward_mean": 0.25, "count": 3, "flag": True,
+                 "name": "x", "bad": row["bad"], "vec": [0, 1]}
+  assert type(row["reward_mean"]) is float and type(row["count"]) is int
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert json.loads(lines[0])["bad"] is None  # strict JSON: nan -> null
+  assert "NaN" not in lines[0]
+  assert [json.loads(l)["step"] for l in lines] == [1, 2]
+  scalars = read_tb_scalars(str(tmp_path / "tb"))
+  assert scalars["loss"] == [(1, 0.5), (2, pytest.approx(0.4))]
+  assert scalars["reward_mean"] == [(1, 0.25)]
+  assert scalars["count"] == [(1, 3.0)]
+  assert "name" not in scalars and "flag" not in scalars
+
+
+def test_truncate_after_resume(tmp_path):
+  w = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  for s in range(1, 6):
+    w.write(s, {"v": float(s)})
+  w.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 6, "v": 6.0')  # a line cut by a crash
+  w = metrics.MetricsWriter(str(tmp_path), resume_step=3)  # resuming from the step-3 checkpoint
+  w.write(4, {"v": 40.0})
+  assert w.truncate_after(10) == 4
+  w.write(5, {"v": 50.0})
+  w.close()
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [(r["step"], r["v"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
+  with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+    metrics.read_metrics(str(tmp_path / "nope"))
+
+
+def test_progress_logger_rate_and_eta():
+  now = [100.0]
+  p = metrics.ProgressLogger(total_steps=110, every_s=30, start_step=10, clock=lambda: now[0],
+                             keys=("reward_mean", "loss"))
+  now[0] = 110.0
+  first = p.update(20, {"reward_mean": np.float32(0.5), "other": 1.0})
+  assert first is not None  # the first update always logs
+  assert "step 20/110" in first and "1 steps/s" in first and "ETA 1m30s" in first
+  assert "reward_mean=0.5" in first and "other" not in first
+  now[0] = 120.0
+  assert p.update(30, {"loss": 2.0}) is None  # 10 s < every_s
+  now[0] = 150.0
+  line = p.update(60, {"loss": 2.0})
+  assert "step 60/110 (54.5%)" in line and "ETA 50s" in line and "loss=2" in line
+  assert p.update(110) is not None  # the last step always logs
+  assert metrics.format_duration(3723) == "1h02m03s"
+  assert metrics.format_duration(float("inf")) == "?"
+
+
+def _write_run(path, xs, ys, key="eval/pass@1"):
+  os.makedirs(path, exist_ok=True)
+  with metrics.MetricsWriter(str(path), tensorboard=False) as w:
+    for i, (x, y) in enumerate(zip(xs, ys)):
+      w.write(i, {"compute_seconds": x, key: y, "reward_mean": y / 2})
+      w.write(i, {"compute_seconds": x, "loss": 1.0})  # a row without the y metric
+
+
+def test_plot_runs_one_line_per_run(tmp_path):
+  _write_run(tmp_path / "replay", [0, 1, 2, 3], [0.1, 0.2, 0.4, 0.5])
+  _write_run(tmp_path / "onpolicy", [0, 2, 4], [0.1, 0.15, 0.3])
+  out = tmp_path / "fig" / "fig.png"
+  drawn = plot.plot_runs([str(tmp_path / "replay"), str(tmp_path / "onpolicy")], str(out),
+                         ys=("eval/pass@1", "reward_mean"))
+  data = out.read_bytes()
+  assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+  np.testing.assert_allclose(drawn["eval/pass@1"]["replay"]["x"], [0, 1, 2, 3])
+  np.testing.assert_allclose(drawn["eval/pass@1"]["replay"]["median"], [0.1, 0.2, 0.4, 0.5])
+  np.testing.assert_allclose(drawn["reward_mean"]["onpolicy"]["median"], [0.05, 0.075, 0.15])
+
+
+def test_plot_groups_median_and_iqr(tmp_path):
+  rng = np.random.default_rng(0)
+  finals = []
+  for seed in range(4):
+    ys = np.linspace(0, 1, 6) * rng.uniform(0.5, 1.0)
+    finals.append(ys[-1])
+    _write_run(tmp_path / f"replay_s{seed}", np.linspace(0, 10 + seed, 6), ys)
+  _write_run(tmp_path / "onpolicy_s0", np.linspace(0, 10, 6), np.zeros(6))
+  out = tmp_path / "g.png"
+  assert plot.main(["--runs", str(tmp_path / "*_s*"), "--group", r"(.*)_s\d+",
+                    "--out", str(out)]) == 0
+  assert out.stat().st_size > 5000
+  drawn = plot.plot_runs(sorted(glob.glob(str(tmp_path / "*_s*"))), str(out), group=r"(.*)_s\d+")
+  assert set(drawn["eval/pass@1"]) == {"replay", "onpolicy"}
+  rep = drawn["eval/pass@1"]["replay"]
+  assert rep["x"][0] == 0 and rep["x"][-1] == 10  # the overlap of the four runs' x ranges
+  at10 = [f * 10 / (10 + s) for s, f in enumerate(finals)]  # each run interpolated at x = 10
+  assert rep["median"][-1] == pytest.approx(np.median(at10))
+  assert rep["q25"][-1] == pytest.approx(np.percentile(at10, 25))
+  assert rep["q75"][-1] == pytest.approx(np.percentile(at10, 75))
+  with pytest.raises(ValueError, match="does not match"):
+    plot.plot_runs([str(tmp_path / "onpolicy_s0")], str(out), group=r"seed(\d+)")
+  with pytest.raises(ValueError, match="no run has rows"):
+    plot.plot_runs([str(tmp_path / "onpolicy_s0")], str(out), ys=("missing",))
+  with pytest.raises(FileNotFoundError):
+    plot.main(["--runs", str(tmp_path / "absent"), "--out", str(out)])

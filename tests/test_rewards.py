@@ -1,0 +1,136 @@
+"""Tests of the rewards: exact match, math-verify, and SafeReward's time limit and error counting.
+
+The process-backend reward functions live at module level: the worker process imports this module.
+"""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import require
+from jaxreplay.tasks import arithmetic, math_data, rewards
+
+require("math_verify")
+
+
+def behave(completion, answer):
+  """A reward that misbehaves on request: sleeps, raises, kills its process or returns nan."""
+  if completion == "sleep":
+    time.sleep(60)
+  if completion == "crash":
+    raise RuntimeError("reward crashed")
+  if completion == "die":
+    os._exit(3)  # pylint: disable=protected-access
+  if completion == "nan":
+    return float("nan")
+  if completion == "pid":
+    return float(os.getpid())
+  return rewards.exact_match_reward(completion, answer)
+
+
+def test_exact_match_reward():
+  assert rewards.exact_match_reward("42", "42") == 1.0
+  assert rewards.exact_match_reward("  42 \n junk", " 42") == 1.0
+  assert rewards.exact_match_reward("42.0", "42") == 0.0
+  assert rewards.exact_match_reward("", "42") == 0.0
+
+
+EQUIVALENT = [("so the answer is \\boxed{\\frac{1}{2}}", "0.5"),
+              ("\\boxed{0.5}", "\\frac{1}{2}"),
+              ("We get $\\boxed{x^2+2x+1}$.", "(x+1)^2"),
+              ("answer: $\\sqrt{2}$", "\\sqrt 2"),
+              ("\\boxed{7}", "Hence the answer is $\\boxed{7}$.")]
+DIFFERENT = [("\\boxed{3}", "4"), ("\\boxed{\\frac{1}{3}}", "\\frac{1}{2}"), ("no answer here", "7"),
+             ("\\boxed{x+1}", "x-1")]
+
+
+def test_math_verify_reward_in_main_and_other_threads():
+  for completion, answer in EQUIVALENT:
+    assert rewards.math_verify_reward(completion, answer) == 1.0, (completion, answer)
+  for completion, answer in DIFFERENT:
+    assert rewards.math_verify_reward(completion, answer) == 0.0, (completion, answer)
+  # math-verify's own timeouts use signals, which fail outside the main thread: ours are off.
+  out = []
+  t = threading.Thread(target=lambda: out.extend(
+      rewards.math_verify_reward(c, a) for c, a in EQUIVALENT + DIFFERENT))
+  t.start()
+  t.join()
+  assert out == [1.0] * len(EQUIVALENT) + [0.0] * len(DIFFERENT)
+  with pytest.raises(ValueError, match="reference answer"):
+    rewards.math_verify_reward("\\boxed{1}", "")
+
+
+def test_safe_reward_thread_backend_timeout_crash_nan():
+  safe = rewards.SafeReward(behave, timeout_s=0.3, backend="thread", num_workers=2)
+  t0 = time.perf_counter()
+  scores = safe.score_batch(["1", "sleep", "crash", "nan", "2", "sleep"],
+                            ["1", "1", "1", "1", "3", "1"])
+  assert time.perf_counter() - t0 < 5.0  # two sleeps of 60 s were cut off, in parallel
+  np.testing.assert_array_equal(scores, [1, 0, 0, 0, 0, 0])
+  assert scores.dtype == np.float32
+  assert safe.counts == {"reward/calls": 6, "reward/errors": 2, "reward/timeouts": 2,
+                         "reward/restarts": 2}
+  assert safe("5", "5") == 1.0  # still serving after the abandoned threads
+  safe.close()
+
+
+def test_safe_reward_process_backend_survives_timeout_crash_and_death():
+  with rewards.SafeReward(behave, timeout_s=1.0, backend="process") as safe:
+    safe.start()
+    pid = safe("pid", "")
+    assert safe("9", "9") == 1.0
+    assert safe("crash", "") == 0.0  # an exception: the same process keeps serving
+    assert safe("pid", "") == pid
+    t0 = time.perf_counter()
+    assert safe("sleep", "") == 0.0
+    assert time.perf_counter() - t0 < 10.0
+    assert safe("die", "") == 0.0  # the process exits: restarted on the next call
+    new_pid = safe("pid", "")
+    assert new_pid != pid
+    with pytest.raises(ProcessLookupError):
+      os.kill(int(pid), 0)  # the timed-out worker was killed, not leaked
+    assert safe("nan", "") == 0.0
+    assert safe.counts == {"reward/calls": 8, "reward/errors": 3, "reward/timeouts": 1,
+                           "reward/restarts": 2}
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(new_pid), 0)  # close() ends the worker
+
+
+def test_safe_reward_rejects_unusable_functions():
+  with pytest.raises(ValueError, match="picklable"):
+    rewards.SafeReward(lambda c, a: 1.0, backend="process")
+  with pytest.raises(ValueError, match="backend"):
+    rewards.SafeReward(behave, backend="gpu")
+  with pytest.raises(ValueError, match="timeout_s"):
+    rewards.SafeReward(behave, timeout_s=0)
+
+
+def test_math_task_scores_from_a_worker_thread(tmp_path):
+  (tmp_path / "d.jsonl").write_text(
+      '{"problem": "half of one?", "answer": "\\\\frac{1}{2}"}\n'
+      '{"problem": "two squared?", "answer": "4"}\n')
+  problems = math_data.load_math_dataset(str(tmp_path / "d.jsonl"), template="plain")
+  task = math_data.MathTask(problems, problems, reward_timeout_s=10.0, num_reward_workers=1)
+  completions = [c for c, _ in EQUIVALENT[:2]] + ["\\boxed{4}", "\\boxed{5}"]
+  targets = [problems[0], problems[0], problems[1], problems[1]]
+  out = []
+  t = threading.Thread(target=lambda: out.append(task.score_batch(completions, targets)))
+  t.start()
+  t.join()
+  np.testing.assert_array_equal(out[0], [1, 1, 1, 0])
+  assert task.reward("\\boxed{2^2}", problems[1]) == 1.0
+  assert task.reward_metrics()["reward/calls"] == 5
+  assert task.reward_metrics()["reward/errors"] == 0
+  task.close()
+
+
+def test_arithmetic_task_reward_matches_score_batch():
+  task = arithmetic.ArithmeticTask(num_digits=(1, 2), ops="+-*")
+  probs = task.sample(np.random.default_rng(0), 50)
+  completions = [p.answer if i % 3 else p.answer + "1" for i, p in enumerate(probs)]
+  expected = [task.reward(c, p) for c, p in zip(completions, probs)]
+  np.testing.assert_array_equal(task.score_batch(completions, probs), expected)
+  assert sum(expected) == sum(1 for i in range(50) if i % 3)
+  task.close()

@@ -1,0 +1,335 @@
+"""The optimizer and the jitted sharded train step, on 8 emulated CPU devices (see conftest.py).
+
+Gradients are observed through `record_grads`, an optax stage placed first in the chain whose state
+is the raw gradient (its paths mirror the params, so it is sharded by the same rules).
+"""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxreplay import batch as batch_lib
+from jaxreplay import losses
+from jaxreplay import optim
+from jaxreplay import sharding
+from jaxreplay import trainer
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+
+CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=32)
+B, T, CHUNK = 8, 32, 16
+LR = 1e-3
+
+
+def record_grads() -> optax.GradientTransformation:
+  return optax.GradientTransformation(
+      init=lambda params: jax.tree.map(jnp.zeros_like, params),
+      update=lambda updates, state, params=None: (updates, updates))
+
+
+def _optimizer(lr=LR, **kw):
+  # A large eps keeps Adam's first update lr * g / (|g| + eps) from amplifying float32 summation-order
+  # noise in tiny gradients (with eps=1e-8 a 1e-8 change of g ~ 1e-7 moves the update by ~lr / 2).
+  return optax.chain(record_grads(), optim.make_optimizer(lr, eps=1e-3, weight_decay=0.01, **kw))
+
+
+def _mesh(shape):
+  return sharding.make_mesh(shape, devices=jax.devices()[:int(np.prod(shape))])
+
+
+def _host(x):
+  return jax.tree.map(np.asarray, x)
+
+
+def make_batch(seed: int = 0) -> batch_lib.Batch:
+  """Rows of different prompt / completion lengths, right-padded; the last row is all padding."""
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((B, T), np.int32)
+  positions = np.zeros((B, T), np.int32)
+  segment_ids = np.zeros((B, T), np.int32)
+  mask = np.zeros((B, T), np.float32)
+  for i in range(B - 1):
+    prompt, completion = rng.integers(3, 9), rng.integers(4, 22)
+    n = prompt + completion
+    tokens[i, :n] = rng.integers(3, CFG.vocab_size, n)
+    positions[i, :n] = np.arange(n)
+    segment_ids[i, :n] = 1
+    mask[i, prompt - 1:n - 1] = 1.0  # targets[t] = tokens[t + 1] is a completion token
+  targets = np.concatenate([tokens[:, 1:], np.zeros((B, 1), np.int32)], axis=1)
+  rewards = rng.integers(0, 2, (2, 4)).astype(np.float32)
+  rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # no group has all-equal rewards
+  adv = np.array(losses.grpo_advantages(rewards)).reshape(-1)
+  adv[-1] = 0.0
+  return batch_lib.Batch(
+      tokens=tokens, positions=positions, segment_ids=segment_ids, targets=targets,
+      completion_mask=mask, behaviour_logprobs=np.zeros((B, T), np.float32),
+      advantages=adv.astype(np.float32), rewards=rewards.reshape(-1),
+      policy_version=np.zeros(B, np.int32))
+
+
+def with_behaviour(batch, logprobs, seed=0):
+  """behaviour log-probs = the model's own plus noise, so that ratios vary and some clip."""
+  noise = np.random.default_rng(seed).normal(0.0, 0.3, logprobs.shape).astype(np.float32)
+  return batch._replace(behaviour_logprobs=np.where(
+      batch.completion_mask > 0, logprobs + noise, 0.0).astype(np.float32))
+
+
+def run_one_step(mesh, params, batch, loss_fn, k=1, compute_entropy=True):
+  """(state before, state after, metrics) as numpy, for one step from `params` on `mesh`."""
+  opt = _optimizer()
+  state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=params, mesh=mesh)
+  step = trainer.make_train_step(CFG, opt, loss_fn, mesh, trainer.state_shardings(state, mesh),
+                                 num_microbatches=k, chunk_size=CHUNK, compute_entropy=compute_entropy,
+                                 learning_rate_fn=optim.make_schedule(LR))
+  before = _host(state)
+  after, metrics = step(state, batch)
+  return before, _host(after), _host(metrics)
+
+
+@pytest.fixture(scope="module")
+def data():
+  """Initial params, a batch with realistic behaviour log-probs, and the single-device step."""
+  params = _host(transformer.init_params(CFG, jax.random.PRNGKey(0)))
+  mesh1 = _mesh((1, 1, 1))
+  logprob_fn = trainer.make_logprob_fn(CFG, mesh1, sharding.param_shardings(params, mesh1), CHUNK)
+  batch = make_batch()
+  batch = with_behaviour(batch, np.asarray(logprob_fn(params, batch)))
+  loss_fn = trainer.make_loss_fn("grpo")
+  opt = _optimizer()
+  state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=params, mesh=mesh1)
+  step = trainer.make_train_step(CFG, opt, loss_fn, mesh1, trainer.state_shardings(state, mesh1),
+                                 chunk_size=CHUNK, learning_rate_fn=optim.make_schedule(LR))
+  before = _host(state)
+  after, metrics = step(state, batch)
+  return dict(params=params, batch=batch, logprob_fn=logprob_fn, loss_fn=loss_fn, step=step,
+              state0=state, before=before, after=after, after_host=_host(after),
+              metrics=_host(metrics))
+
+
+# ---- optimizer ---------------------------------------------------------------------------------
+
+def test_schedules():
+  s = optim.make_schedule(1.0, warmup_steps=4, total_steps=14, schedule="cosine", min_lr_ratio=0.1)
+  np.testing.assert_allclose([float(s(i)) for i in range(4)], [0.25, 0.5, 0.75, 1.0], rtol=1e-6)
+  for i in (4, 9, 14, 20):
+    frac = min(i - 4, 10) / 10
+    want = 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * frac))
+    np.testing.assert_allclose(float(s(i)), want, rtol=1e-5)
+  c = optim.make_schedule(0.5, warmup_steps=2)
+  np.testing.assert_allclose([float(c(i)) for i in (0, 1, 2, 100)], [0.25, 0.5, 0.5, 0.5])
+  assert float(optim.make_schedule(0.3)(0)) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="total_steps > warmup_steps"):
+    optim.make_schedule(1.0, 10, 5, "cosine")
+  with pytest.raises(ValueError, match="schedule="):
+    optim.make_schedule(1.0, schedule="linear")
+
+
+def test_adamw_matches_numpy_formula():
+  """Two AdamW steps with clipping and decay (not on norms), against the written-out formula."""
+  lr, b1, b2, eps, wd, clip = 0.1, 0.9, 0.99, 1e-8, 0.1, 1.0
+  opt = optim.make_optimizer(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd, max_grad_norm=clip)
+  params = {"w": jnp.array([1.0, -2.0]), "input_layernorm": jnp.array([1.0, 1.0])}
+  grads = [{"w": jnp.array([3.0, 4.0]), "input_layernorm": jnp.array([0.0, 0.5])},
+           {"w": jnp.array([0.1, -0.2]), "input_layernorm": jnp.array([0.3, 0.0])}]
+  state = opt.init(params)
+  p_np = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  m = {k: np.zeros(2) for k in p_np}
+  v = {k: np.zeros(2) for k in p_np}
+  for t, g in enumerate(grads, start=1):
+    updates, state = opt.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+    g_np = {k: np.asarray(x, np.float64) for k, x in g.items()}
+    norm = np.sqrt(sum(np.sum(x ** 2) for x in g_np.values()))
+    scale = min(1.0, clip / norm)
+    for k in p_np:
+      gk = g_np[k] * scale
+      m[k] = b1 * m[k] + (1 - b1) * gk
+      v[k] = b2 * v[k] + (1 - b2) * gk ** 2
+      upd = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
+      if k == "w":
+        upd = upd + wd * p_np[k]
+      p_np[k] = p_np[k] - lr * upd
+  for k in p_np:
+    np.testing.assert_allclose(np.asarray(params[k]), p_np[k], rtol=1e-5)
+
+
+def test_weight_decay_mask():
+  mask = optim.weight_decay_mask({"embed_tokens": 0, "norm": 0, "layers": {
+      "q_proj": 0, "q_norm": 0, "q_bias": 0, "input_layernorm": 0}})
+  assert mask == {"embed_tokens": True, "norm": False, "layers": {
+      "q_proj": True, "q_norm": False, "q_bias": False, "input_layernorm": False}}
+
+
+# ---- train state -------------------------------------------------------------------------------
+
+def test_init_train_state_is_sharded_and_checks_params(data):
+  mesh = _mesh((2, 2, 2))
+  opt = _optimizer()
+  state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh,
+                                   with_ref_params=True)
+  want = trainer.state_shardings(state, mesh)
+  for got, exp in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
+    assert got.sharding.is_equivalent_to(exp, got.ndim)
+  assert state.params["layers"]["gate_proj"].sharding.spec == jax.sharding.PartitionSpec(
+      None, "fsdp", "tensor")
+  chex.assert_trees_all_equal(_host(state.params), data["params"])
+  chex.assert_trees_all_equal(_host(state.ref_params), data["params"])
+  assert state.step.dtype == jnp.int32 and int(state.step) == 0 and state.rng.dtype == jnp.uint32
+  # The reference params get no optimizer state: the same opt_state as without them.
+  plain = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh)
+  assert jax.tree.structure(plain.opt_state) == jax.tree.structure(state.opt_state)
+  bad = dict(data["params"], norm=np.ones((3,), np.float32))
+  with pytest.raises(ValueError, match="params do not match model_cfg"):
+    trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=bad, mesh=mesh)
+
+
+def test_random_init_matches_transformer_init():
+  mesh = _mesh((1, 8, 1))
+  state = trainer.init_train_state(CFG, _optimizer(), jax.random.PRNGKey(3), mesh=mesh)
+  init_rng, _ = jax.random.split(jax.random.PRNGKey(3))
+  chex.assert_trees_all_close(_host(state.params), _host(transformer.init_params(CFG, init_rng)),
+                              atol=1e-7)
+
+
+# ---- the step ----------------------------------------------------------------------------------
+
+def test_reference_step_metrics(data):
+  """The single-device step against losses.grpo_loss on directly computed log-probs."""
+  batch, m = data["batch"], data["metrics"]
+  lp = data["logprob_fn"](data["params"], batch)
+  want_loss, want_aux = losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
+                                         batch.completion_mask)
+  np.testing.assert_allclose(m["loss"], float(want_loss), rtol=1e-5)
+  for key in ("clip_fraction", "ratio_mean", "pg_loss", "num_tokens"):
+    np.testing.assert_allclose(m[key], float(want_aux[key]), rtol=1e-5, err_msg=key)
+  assert m["tokens"] == batch.completion_mask.sum()
+  assert m["seq_tokens"] == (batch.segment_ids > 0).sum()
+  assert 0.0 < m["clip_fraction"] < 1.0  # the noisy behaviour log-probs exercise both branches
+  assert m["learning_rate"] == pytest.approx(LR)
+  g = data["after_host"].opt_state[0]
+  grad_norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g)))
+  np.testing.assert_allclose(m["grad_norm"], grad_norm, rtol=1e-5)
+  # Entropy: recomputed from full logits.
+  logits = transformer.apply(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
+  logp = jax.nn.log_softmax(logits)
+  ent = -np.sum(np.exp(logp) * logp, axis=-1)
+  mask = batch.completion_mask
+  np.testing.assert_allclose(m["entropy"], np.sum(ent * mask) / mask.sum(), rtol=1e-5)
+  assert all(np.asarray(v).dtype == np.float32 and np.ndim(v) == 0 for v in m.values())
+
+
+def test_step_donates_state_and_compiles_once(data):
+  step = data["step"]
+  shardings = jax.tree.map(lambda x: x.sharding, data["after"])
+  state = jax.device_put(jax.tree.map(np.copy, data["after_host"]), shardings)
+  other = with_behaviour(make_batch(seed=5), np.zeros((B, T), np.float32) - 4.0)
+  new_state, metrics = step(state, other)
+  # Donated: the old state's buffers are reused for the new state (no host view holds them).
+  assert state.params["embed_tokens"].is_deleted() and state.opt_state[1][1][0].mu["norm"].is_deleted()
+  assert int(new_state.step) == 2 and np.isfinite(float(metrics["loss"]))
+  assert step._cache_size() == 1  # a new batch of the same shape reuses the compiled step
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
+def test_step_on_meshes_matches_one_device(data, mesh_shape):
+  before, after, metrics = run_one_step(_mesh(mesh_shape), data["params"], data["batch"],
+                                        data["loss_fn"])
+  chex.assert_trees_all_equal(before.params, data["before"].params)
+  for key, want in data["metrics"].items():
+    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(after.opt_state[0], data["after_host"].opt_state[0],
+                              rtol=1e-4, atol=1e-7)  # grads
+  chex.assert_trees_all_close(after.params, data["after_host"].params, rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(after.opt_state[1], data["after_host"].opt_state[1],
+                              rtol=1e-4, atol=1e-8)
+
+
+def test_microbatches_token_mean_equal_the_big_batch(data):
+  """k = 4 micro-batches of 2 rows on a 2-device FSDP mesh == one 8-row batch on one device."""
+  _, after, metrics = run_one_step(_mesh((1, 2, 1)), data["params"], data["batch"], data["loss_fn"],
+                                   k=4)
+  for key, want in data["metrics"].items():
+    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(after.opt_state[0], data["after_host"].opt_state[0],
+                              rtol=1e-4, atol=1e-7)
+  chex.assert_trees_all_close(after.params, data["after_host"].params, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name,aggregation", [("grpo", "sequence_mean"), ("asymre", "constant")])
+def test_microbatches_other_aggregations(data, name, aggregation):
+  mesh = _mesh((1, 1, 1))
+  loss_fn = trainer.make_loss_fn(name, aggregation=aggregation)
+  _, after1, metrics1 = run_one_step(mesh, data["params"], data["batch"], loss_fn, compute_entropy=False)
+  _, after2, metrics2 = run_one_step(mesh, data["params"], data["batch"], loss_fn, k=2,
+                                     compute_entropy=False)
+  for key, want in metrics1.items():
+    np.testing.assert_allclose(metrics2[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(after2.opt_state[0], after1.opt_state[0], rtol=1e-4, atol=1e-7)
+  chex.assert_trees_all_close(after2.params, after1.params, rtol=1e-5, atol=1e-7)
+
+
+def test_grpo_with_kl_learns_on_a_fixed_batch(data):
+  """Eight GRPO steps on one batch: the loss falls, log-probs move with the advantage's sign, the KL
+  to the frozen reference grows from 0, and the reference params never change."""
+  mesh = _mesh((1, 1, 1))
+  lr = 3e-3
+  sched = optim.make_schedule(lr, warmup_steps=2)
+  opt = optim.make_optimizer(sched)
+  state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh,
+                                   with_ref_params=True)
+  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn("grpo", kl_coef=0.01), mesh,
+                                 trainer.state_shardings(state, mesh), chunk_size=CHUNK,
+                                 learning_rate_fn=sched, compute_entropy=False)
+  batch = data["batch"]
+  history = []
+  for _ in range(8):
+    state, metrics = step(state, batch)
+    history.append(_host(metrics))
+  losses_ = [h["loss"] for h in history]
+  assert losses_[-1] < losses_[0] - 0.05, losses_
+  assert history[0]["kl"] == pytest.approx(0.0, abs=1e-7) and history[-1]["kl"] > 1e-5
+  np.testing.assert_allclose([h["learning_rate"] for h in history], [float(sched(i)) for i in range(8)])
+  np.testing.assert_allclose([h["staleness_mean"] for h in history], np.arange(8))
+  chex.assert_trees_all_equal(_host(state.ref_params), data["params"])
+  lp0 = np.asarray(data["logprob_fn"](data["params"], batch))
+  lp1 = np.asarray(data["logprob_fn"](state.params, batch))
+  mask = batch.completion_mask > 0
+  delta = np.where(mask, lp1 - lp0, 0.0).sum(1) / np.maximum(mask.sum(1), 1)
+  adv = batch.advantages
+  assert np.all(delta[adv > 0.1] > 0) and np.all(delta[adv < -0.1] < 0), (delta, adv)
+
+
+def test_logprob_fn_matches_full_logits(data):
+  batch = data["batch"]
+  logits = transformer.apply(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
+  want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), batch.targets[..., None], -1)[..., 0]
+  got = np.asarray(data["logprob_fn"](data["params"], batch))
+  mask = batch.completion_mask > 0
+  np.testing.assert_allclose(got[mask], want[mask], rtol=1e-5, atol=1e-5)
+  assert np.all(got[~mask] == 0.0)
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+def test_errors(data):
+  mesh = _mesh((1, 1, 1))
+  opt = _optimizer()
+  state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh)
+  shardings = trainer.state_shardings(state, mesh)
+  step = trainer.make_train_step(CFG, opt, data["loss_fn"], mesh, shardings, num_microbatches=3)
+  with pytest.raises(ValueError, match="multiple of num_microbatches"):
+    step(state, data["batch"])
+  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn(kl_coef=0.1), mesh, shardings)
+  with pytest.raises(ValueError, match="with_ref_params=True"):
+    step(state, data["batch"])
+  with pytest.raises(ValueError, match="num_microbatches"):
+    trainer.make_train_step(CFG, opt, data["loss_fn"], mesh, shardings, num_microbatches=0)
+  with pytest.raises(ValueError, match="unknown"):
+    trainer.make_loss_fn("ppo")
+  with pytest.raises(ValueError, match="aggregation"):
+    trainer.make_loss_fn(aggregation="sum")
+  with pytest.raises(ValueError, match="tis_cap"):
+    trainer.make_loss_fn(tis_cap=2.0)
