@@ -27,9 +27,17 @@ _COORDINATOR = flags.DEFINE_string(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class _QuietLibraries:
+  """Drops INFO lines of orbax (dozens per checkpoint); warnings and errors still show."""
+
+  def filter(self, record):
+    return record.levelno >= 30 or "orbax" not in record.pathname
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     import jax  # pylint: disable=g-import-not-at-top
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,

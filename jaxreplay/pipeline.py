@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -26,8 +27,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from jaxreplay import accounting
-from jaxreplay import buffer as buffer_lib
 from jaxreplay import collate as collate_lib
 from jaxreplay import evaluation
 from jaxreplay import metrics as metrics_lib
@@ -67,6 +66,9 @@ class Pipeline:
     self.timing = {"sample_s": 0.0, "collate_s": 0.0, "step_s": 0.0, "publish_s": 0.0}
     self.mismatch: dict[str, float] = {}
     self._step_metrics: dict[str, float] = {}
+    self._lock = threading.Lock()
+    self._in_flight = 0
+    self.pool_metrics: dict[str, Any] = {}
     self._t_start = time.monotonic()
     self.progress = metrics_lib.ProgressLogger(config.total_steps, every_s=config.log.every_s,
                                                start_step=self.step)
@@ -143,17 +145,50 @@ class Pipeline:
     if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or self.step == c.total_steps:
       self.checkpoint()
 
+  # ---- the async schedule's worker side (called from pool threads) --------------------------
+
+  def next_prompts(self, worker_index: int):
+    """The next request for a pool worker, or None while an on-policy queue is full."""
+    del worker_index
+    from jaxreplay.rollout.pool import PromptBatch  # pylint: disable=g-import-not-at-top
+    with self._lock:
+      if not self.may_start_request(self._in_flight):
+        return None
+      self._in_flight += self.request_rollouts
+    items = self.parts.prompts.take(self.config.rollout.prompts_per_request)
+    prompts = [self.parts.codec.encode_prompt(p.prompt) for _, p in items]
+    return PromptBatch(prompts, self.config.rollout.group_size, self.sampling, meta=items)
+
+  def deliver_async(self, delivery) -> None:
+    items = delivery.batch.meta
+    self._account_generation(delivery.groups, delivery.generate_seconds)
+    try:
+      self.deliver([i for i, _ in items], [p for _, p in items], delivery.groups)
+    finally:
+      with self._lock:
+        self._in_flight -= self.request_rollouts
+
+  def dropped(self, batch, error) -> None:
+    """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
+    logging.warning("rollout request dropped (%s); re-queueing its %d prompts", error,
+                    len(batch.meta))
+    self.parts.prompts.dropped([i for i, _ in batch.meta])
+    with self._lock:
+      self._in_flight -= self.request_rollouts
+
   # ---- parts of a step ----------------------------------------------------------------------
 
   def deliver(self, indices, problems, groups) -> None:
     """Scores groups and adds their rollouts to the buffer (all or nothing)."""
     p = self.parts
-    ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
-    self.next_group_id += len(groups)
+    with self._lock:
+      ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
+      self.next_group_id += len(groups)
     rollouts, rewards = groups_to_rollouts(groups, problems, p.task, p.codec, p.advantage_fn, ids)
     p.buffer.add(rollouts)
     p.prompts.delivered(indices)
-    self.fresh_rewards.append(rewards.reshape(-1))
+    with self._lock:
+      self.fresh_rewards.append(rewards.reshape(-1))
 
   def _account_generation(self, groups, seconds: float) -> None:
     tokens = sum(len(g.prompt_tokens) + len(c.tokens) for g in groups for c in g.completions)
@@ -200,8 +235,9 @@ class Pipeline:
 
   def _metrics_row(self, now: float) -> dict[str, Any]:
     p = self.parts
-    fresh = np.concatenate(self.fresh_rewards) if self.fresh_rewards else np.zeros(0)
-    self.fresh_rewards = []
+    with self._lock:
+      fresh = np.concatenate(self.fresh_rewards) if self.fresh_rewards else np.zeros(0)
+      self.fresh_rewards = []
     row = {"policy_version": self.step, "published_version": self.published_version}
     row.update(self._step_metrics)
     row["reward_mean"] = float(fresh.mean()) if fresh.size else float("nan")
@@ -210,7 +246,11 @@ class Pipeline:
     if "buffer/staleness_mean" in self._step_metrics:
       row["buffer/staleness_mean"] = self._step_metrics["buffer/staleness_mean"]
     row.update(p.accountant.metrics())
-    row.update(p.sim_compute_metrics())
+    row["compute/measured_seconds"] = row["compute_seconds"]
+    sim = p.sim_compute_metrics()
+    row.update(sim)
+    if sim:  # the x-axis of accuracy-vs-compute: the modelled hardware's device-seconds
+      row["compute_seconds"] = sim["sim/compute_seconds"]
     row.update({f"time/{k}": v for k, v in self.timing.items()})
     row["time/wall_s"] = time.monotonic() - self._t_start
     row.update(self.mismatch)

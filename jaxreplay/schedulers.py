@@ -10,7 +10,7 @@ Simulated schedule. W workers and T trainer devices in virtual time:
   - a gradient step takes `train_device_seconds / T` virtual seconds; its weights are published
     (every `refresh_every` steps) when the step ends.
 Events at equal times are processed trainer first, then workers by index; work is then started
-trainer first, then workers by index. The real computation runs in that order on this machine, so
+workers first (so they sample with the weights just published), then the trainer. The real computation runs in that order on this machine, so
 the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and the
 same seed gives the same run bit for bit, whatever this machine's speed.
 """
@@ -83,11 +83,7 @@ class SimulatedScheduler:
     worker_handle: list[Any] = [None] * self.num_workers
     trainer_done_at: Optional[float] = None
     while True:
-      # 1. Start work: trainer first, then idle workers by index.
-      if trainer_done_at is None and hooks.steps_done() < total_steps and hooks.can_train():
-        hooks.train_step(st.clock)
-        st.training_device_seconds += self.train_device_seconds
-        trainer_done_at = st.clock + self.step_seconds
+      # 1. Start work: idle workers by index, then the trainer.
       for i in range(self.num_workers):
         if worker_done_at[i] is None:
           in_flight = sum(self.request_rollouts for d in worker_done_at if d is not None)
@@ -96,6 +92,10 @@ class SimulatedScheduler:
             worker_done_at[i] = st.clock + self.request_seconds
             st.generation_device_seconds += self.request_seconds
             st.requests += 1
+      if trainer_done_at is None and hooks.steps_done() < total_steps and hooks.can_train():
+        hooks.train_step(st.clock)
+        st.training_device_seconds += self.train_device_seconds
+        trainer_done_at = st.clock + self.step_seconds
       # 2. Advance to the next event.
       pending = [t for t in worker_done_at if t is not None]
       if trainer_done_at is not None:
@@ -132,9 +132,11 @@ class AsyncTrainerLoop:
     self.stop = threading.Event()
     self.wait_seconds = 0.0
 
-  def run(self, hooks: PipelineHooks, total_steps: int, clock_offset: float = 0.0) -> None:
+  def run(self, hooks: PipelineHooks, total_steps: int, clock_offset: float = 0.0,
+          raise_if_failed=lambda: None) -> None:
     start = time.monotonic()
     while hooks.steps_done() < total_steps and not self.stop.is_set():
+      raise_if_failed()
       if not hooks.can_train():
         t0 = time.monotonic()
         self.stop.wait(self.poll_seconds)

@@ -38,8 +38,10 @@ class RolloutWorkers:
   def __init__(self, config, parts, workdir: str):
     self.config, self.parts, self.workdir = config, parts, workdir
     self.backend = config.rollout.backend
+    # Weights travel as HF directories, except jax workers of the simulated schedule (in memory).
+    self.via_hf = self.backend == "vllm" or config.scheduler.kind == "async"
     self.publisher = None
-    if self.backend == "vllm":
+    if self.via_hf:
       from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
       self.publisher = WeightPublisher(keep=3)
     self._local = None
@@ -57,6 +59,10 @@ class RolloutWorkers:
     weights, version = self._latest
     seed = c.seed + 1000 * (index + 1)
     if self.backend == "jax":
+      if self.via_hf:
+        return JaxSampler.from_hf(weights, c.model.max_len, policy_version=version,
+                                  batch_size=c.rollout.sampler_batch_size,
+                                  eos_token_ids=p.codec.stop_ids, seed=seed)
       return JaxSampler(p.model_cfg, weights, c.model.max_len,
                         batch_size=c.rollout.sampler_batch_size, eos_token_ids=p.codec.stop_ids,
                         seed=seed, policy_version=version)
@@ -74,10 +80,10 @@ class RolloutWorkers:
   # ---- weights ----------------------------------------------------------------------------------
 
   def publish(self, params, version: int) -> None:
-    if self.backend == "jax":
-      weights = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
-    else:
+    if self.via_hf:
       weights = self.publisher.publish(self.parts.model_cfg, params, version)
+    else:
+      weights = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
     with self._lock:
       self._latest = (weights, version)
     if self._local is not None:
@@ -86,10 +92,10 @@ class RolloutWorkers:
       self._pool.refresh(weights, version)
 
   def _refresh(self, worker, weights, version: int) -> None:
-    if self.backend == "jax":
-      worker.set_params(weights, version)
-    else:
+    if self.via_hf:
       worker.update_weights(weights, version)
+    else:
+      worker.set_params(weights, version)
 
   # ---- async ------------------------------------------------------------------------------------
 
@@ -97,19 +103,17 @@ class RolloutWorkers:
     """Runs W pool workers next to the trainer loop until total_steps."""
     from jaxreplay.rollout.pool import WorkerPool  # pylint: disable=g-import-not-at-top
     c = self.config
-    self._pool = WorkerPool(
-        make_worker=self.make_worker, num_workers=c.rollout.num_workers,
-        next_prompts=pipeline.next_prompts, sink=pipeline.deliver_async,
-        apply_refresh=self._refresh, on_drop=pipeline.dropped)
-    weights, version = self._latest
-    self._pool.refresh(weights, version)
+    self._pool = WorkerPool(self.make_worker, c.rollout.num_workers, pipeline.next_prompts,
+                            pipeline.deliver_async, initial_weights=self._latest,
+                            on_drop=pipeline.dropped)
     self._pool.start()
     loop = schedulers.AsyncTrainerLoop()
     try:
-      loop.run(pipeline, c.total_steps)
+      loop.run(pipeline, c.total_steps, raise_if_failed=self._pool.raise_if_failed)
     finally:
       self._pool.stop()
       pipeline.pool_metrics = self._pool.metrics()
+    self._pool.raise_if_failed()
 
   def close(self) -> None:
     if self._local is not None:

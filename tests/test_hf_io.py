@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 from jaxreplay import models
 from jaxreplay.models import hf_io, presets
 from jaxreplay.models.config import ModelConfig
-from tests.conftest import require
+from conftest import require
 
 torch = require("torch")
 transformers = require("transformers")
@@ -88,6 +88,7 @@ def _hf_from_pretrained(path):
 def test_round_trip_bit_exact(tmp_path, name, dtype):
   cfg = CFGS[name].replace(param_dtype=np.dtype(dtype).name)
   params = _params(cfg, dtype=dtype)
+  assert hf_io.param_shapes(cfg) == models.transformer.param_shapes(cfg)  # table == forward's layout
   sd = hf_io.to_hf_state_dict(cfg, params)
   assert list(sd) == hf_io.hf_names(cfg)
   assert ("lm_head.weight" in sd) == (not cfg.tie_word_embeddings)
@@ -243,6 +244,18 @@ def test_config_rope_styles(tmp_path, name, style):
   path.write_text(json.dumps(d))
   cfg2, _ = hf_io.load_hf(str(tmp_path / "m"))
   assert cfg2 == cfg
+
+
+@pytest.mark.parametrize("name", ["qwen3_untied", "qwen2"])
+def test_config_without_tie_key_is_untied_like_transformers(tmp_path, name):
+  cfg = CFGS[name]
+  hf_io.save_hf(cfg, _params(cfg), str(tmp_path / "m"))
+  path = tmp_path / "m" / "config.json"
+  d = json.loads(path.read_text())
+  d.pop("tie_word_embeddings")
+  path.write_text(json.dumps(d))
+  assert not transformers.AutoConfig.from_pretrained(str(tmp_path / "m")).tie_word_embeddings
+  assert hf_io.load_hf(str(tmp_path / "m"))[0] == cfg
 
 
 def test_load_with_shardings_on_mesh(tmp_path):

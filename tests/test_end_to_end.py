@@ -1,0 +1,142 @@
+"""End to end: `python -m jaxreplay.launch` on a shortened tiny config.
+
+Checks metrics are written, the buffer is reused (replay ratio > 1 when N > R), staleness > 0 with
+asynchronous workers, weights were refreshed, a kill -9 mid-run followed by the same command resumes
+from the checkpoint, the HF export loads in transformers, and the simulated schedule is deterministic.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import require
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
+
+SHORT = [
+    "--config.total_steps=6", "--config.eval.every=3", "--config.eval.num_problems=16",
+    "--config.eval.n_samples=4", "--config.eval.ks=(1,2,4)", "--config.checkpoint.every=2",
+    "--config.buffer.size=128", "--config.buffer.batch_size=32", "--config.rollout.group_size=4",
+    "--config.rollout.prompts_per_request=4", "--config.log.every_s=1",
+]
+
+
+def launch_cmd(workdir, *extra):
+  return [sys.executable, "-m", "jaxreplay.launch", f"--config={REPO}/configs/tiny.py",
+          f"--workdir={workdir}", *SHORT, *extra]
+
+
+def run_launch(workdir, *extra, timeout=400):
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(launch_cmd(workdir, *extra), cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc
+
+
+def read_rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def check_common(rows, total=6):
+  steps = [r["step"] for r in rows]
+  assert steps == list(range(total + 1)), steps
+  last = rows[-1]
+  for key in ("policy_version", "compute_seconds", "reward_mean", "eval/pass@1",
+              "buffer/staleness_mean", "buffer/replay_ratio", "buffer/size", "loss", "clip_fraction",
+              "compute/mu", "compute/gamma", "compute/w_over_t", "time/step_s"):
+    assert key in last, key
+  assert last["policy_version"] == total
+  assert last["published_version"] == total  # weights were refreshed every step
+  compute = [r["compute_seconds"] for r in rows]
+  assert all(b >= a for a, b in zip(compute, compute[1:])) and compute[-1] > 0
+
+
+def test_simulated_jax_replays_and_is_deterministic(tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  run_launch(a)
+  run_launch(b)
+  rows_a, rows_b = read_rows(a), read_rows(b)
+  check_common(rows_a)
+  last = rows_a[-1]
+  # N=128 > R: every rollout is sampled more than once on average.
+  assert last["buffer/replay_ratio"] > 1.0
+  # (W, T) = (2, 1) with mu = 6.84: a request spans several steps, so batches are stale.
+  assert max(r.get("buffer/staleness_mean", 0) for r in rows_a) > 0
+  assert np.isfinite(last["mismatch/exp_abs_diff"]) and last["mismatch/exp_abs_diff"] <= 1.05
+  # Same seed, same results, bit for bit (timings aside).
+  for ra, rb in zip(rows_a, rows_b):
+    for k in ra:
+      if not k.startswith(("time/", "compute/", "eval/seconds", "reward/")) and \
+          k != "compute_seconds" or k.startswith("sim/"):
+        assert ra[k] == rb[k], (ra["step"], k, ra[k], rb[k])
+  # The HF export loads in transformers and gives our logits.
+  transformers = require("transformers")
+  torch = require("torch")
+  from jaxreplay import models
+  hf = os.path.join(a, "hf")
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+  cfg, params = models.load_hf(hf)
+  tokens = np.array([[1, 5, 6, 7, 8, 9]], np.int32)
+  ours = np.asarray(models.apply(cfg, params, tokens))
+  theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.detach().numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4 * max(1.0, np.abs(theirs).max()))
+
+
+def test_async_jax_staleness_and_kill_resume(tmp_path):
+  workdir = str(tmp_path / "async")
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  extra = ("--config.scheduler.kind=async", "--config.total_steps=8")
+  proc = subprocess.Popen(launch_cmd(workdir, *extra), cwd=REPO, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpt = os.path.join(workdir, "checkpoints", "2")
+  deadline = time.time() + 300
+  while not os.path.isdir(ckpt) and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  assert os.path.isdir(ckpt), "no checkpoint was written before the deadline"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_rows = read_rows(workdir)
+  assert killed_rows[-1]["step"] < 8
+  out = run_launch(workdir, *extra)
+  assert "resumed at step" in out.stderr
+  rows = read_rows(workdir)
+  check_common(rows, total=8)
+  assert max(r.get("buffer/staleness_mean", 0) for r in rows) > 0
+  assert rows[-1]["buffer/replay_ratio"] > 1.0
+
+
+def test_on_policy_baseline_uses_each_rollout_once(tmp_path):
+  workdir = str(tmp_path / "onpolicy")
+  run_launch(workdir, "--config.buffer.on_policy=True", "--config.buffer.size=32")
+  rows = read_rows(workdir)
+  check_common(rows)
+  assert rows[-1]["buffer/replay_ratio"] <= 1.0
+
+
+def test_vllm_backend_end_to_end(tmp_path):
+  require("vllm")
+  workdir = str(tmp_path / "vllm")
+  run_launch(workdir, "--config.rollout.backend=vllm", "--config.total_steps=4",
+             "--config.eval.every=0")
+  rows = read_rows(workdir)
+  check_common(rows, total=4)
+  assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
+
+
+def test_bad_config_fails_fast_with_a_fix(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(launch_cmd(str(tmp_path / "bad"), "--config.buffer.batch_size=512"),
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+  assert proc.returncode != 0
+  assert "buffer.batch_size (B=512) > buffer.size (N=128)" in proc.stderr
+  proc = subprocess.run(launch_cmd(str(tmp_path / "bad2"), "--config.buffer.sizee=3"),
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+  assert proc.returncode != 0 and "sizee" in proc.stderr
