@@ -68,10 +68,13 @@ class RolloutWorkers:
                         seed=seed, policy_version=version)
     from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
     on_cpu = jax.default_backend() == "cpu"
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(c.rollout.vllm_kv_cache_gib)}
+    gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
+    if gpus:  # launch/single_host.sh: one GPU per worker process
+      env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     return VllmWorkerProcess(
         weights, policy_version=version, max_model_len=c.model.max_len,
-        dtype="float32" if on_cpu else "bfloat16", seed=seed,
-        env={"VLLM_CPU_KVCACHE_SPACE": str(c.rollout.vllm_kv_cache_gib)})
+        dtype="float32" if on_cpu else "bfloat16", seed=seed, env=env)
 
   def local_worker(self):
     """The worker of the simulated schedule (created at the first publish)."""
