@@ -30,7 +30,7 @@ from jaxreplay import tasks
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Output HF model directory.")
-_STEPS = flags.DEFINE_integer("sft_steps", 300, "Gradient steps.")
+_STEPS = flags.DEFINE_integer("sft_steps", 400, "Gradient steps.")
 _BATCH = flags.DEFINE_integer("sft_batch", 128, "Examples per step.")
 _LR = flags.DEFINE_float("sft_lr", 3e-3, "Adam learning rate.")
 _SEED = flags.DEFINE_integer("sft_seed", 0, "Initialisation and data seed.")

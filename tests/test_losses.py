@@ -227,11 +227,11 @@ class BuildingBlocksTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_k3_kl_and_truncated_is_weights(self):
     rng = np.random.default_rng(5)
-    lp, ref = (-rng.uniform(0.1, 2.0, (3, 4)).astype(np.float32) for _ in range(2))
+    lp, ref = (-rng.uniform(0.1, 2.0, (6, 10)).astype(np.float32) for _ in range(2))
     got = self.variant(losses.k3_kl)(lp, ref)
     want = np.zeros(lp.shape)
-    for b in range(3):
-      for t in range(4):
+    for b in range(6):
+      for t in range(10):
         d = float(ref[b, t]) - float(lp[b, t])
         want[b, t] = math.exp(d) - d - 1.0
     chex.assert_trees_all_close(got, want, atol=1e-6)
@@ -356,10 +356,11 @@ class GradientsTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters("plain", "kl", "tis")
   def test_grpo_grad_inside_and_outside_clip(self, option):
-    # Rows: A > 0 and A < 0; columns: rho below, inside (twice) and above [0.9, 1.3], twice.
-    rho = np.array([0.5, 0.95, 1.05, 1.5, 0.5, 0.95, 1.05, 1.5])
-    adv = np.array([1.0, -1.0, 0.5, -2.0, 0.0], np.float32)
-    mask = np.ones((5, 8), np.float32)
+    # Rows: A > 0 and A < 0; columns: rho below, inside (twice) and above [0.9, 1.3], twice, then
+    # on-policy and inside. The shapes match make_inputs (eager kernels are compiled per shape).
+    rho = np.array([0.5, 0.95, 1.05, 1.5, 0.5, 0.95, 1.05, 1.5, 1.0, 1.2])
+    adv = np.array([1.0, -1.0, 0.5, -2.0, 0.0, 3.0], np.float32)
+    mask = np.ones((6, 10), np.float32)
     mask[2, 6:] = 0.0
     mask[4] = 0.0
     rng = np.random.default_rng(21)
@@ -379,8 +380,8 @@ class GradientsTest(chex.TestCase):
     old = tis if option == "tis" else behaviour
     want = np.zeros(mask.shape)  # the gradient of the per-token loss; grad_scale aggregates it
     num_clipped = 0
-    for b in range(5):
-      for t in range(8):
+    for b in range(6):
+      for t in range(10):
         if mask[b, t] == 0:
           continue
         r = math.exp(float(lp[b, t]) - float(old[b, t]))
@@ -394,7 +395,7 @@ class GradientsTest(chex.TestCase):
       chex.assert_trees_all_close(grad, want * grad_scale(mask, aggregation), atol=1e-6,
                                   rtol=1e-4, custom_message=aggregation)
     if option == "plain":
-      self.assertEqual(num_clipped, 7)  # (A>0, rho=1.5) and (A<0, rho=0.5); row 2 ends at t=6
+      self.assertEqual(num_clipped, 9)  # (A>0, rho=1.5) and (A<0, rho=0.5); row 2 ends at t=6
       aux = losses.grpo_loss(lp, behaviour, adv, mask, EPS_LOW, EPS_HIGH)[1]
       np.testing.assert_allclose(aux["clip_fraction"], num_clipped / mask.sum(), rtol=1e-6)
       np.testing.assert_allclose(aux["ratio_max"], 1.5, rtol=1e-5)
@@ -422,7 +423,7 @@ class EdgeCasesTest(chex.TestCase):
     normalizer = float(x["mask"].size)  # the same "constant" divisor after the cut
     args = (garbage, behaviour, x["advantages"], x["mask"])
     full = self.variant(over_aggregations(losses.grpo_loss, normalizer))(*args)
-    cut = over_aggregations(losses.grpo_loss, normalizer)(
+    cut = jax.jit(over_aggregations(losses.grpo_loss, normalizer))(
         x["logprobs"][keep], x["behaviour_logprobs"][keep], x["advantages"][keep], x["mask"][keep])
     chex.assert_trees_all_close(full, cut, rtol=1e-6)
     grads = self.variant(over_aggregations(losses.grpo_loss, normalizer, grad=True))(*args)
@@ -480,7 +481,7 @@ class EdgeCasesTest(chex.TestCase):
     x = make_inputs(33)
     want = losses.grpo_loss(x["logprobs"], x["behaviour_logprobs"], x["advantages"], x["mask"])
     for dtype in (np.bool_, np.int32):
-      got = losses.grpo_loss(x["logprobs"], x["behaviour_logprobs"], x["advantages"],
+      got = jax.jit(losses.grpo_loss)(x["logprobs"], x["behaviour_logprobs"], x["advantages"],
                              x["mask"].astype(dtype))
       chex.assert_trees_all_close(got, want)
 
