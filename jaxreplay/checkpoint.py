@@ -77,10 +77,10 @@ def decode_host_state(obj: Any) -> Any:
 # ---- the checkpointer -------------------------------------------------------------------------
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:
-  """`jax.ShapeDtypeStruct`s of `tree` (arrays or structs), with `shardings` (a matching tree) if given."""
+  """`jax.ShapeDtypeStruct`s of `tree` (arrays or structs), with `shardings` (a matching tree)."""
   if shardings is None:
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None)), tree)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), x.dtype, sharding=getattr(x, "sharding", None)), tree)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
                       tree, shardings)
 
@@ -101,7 +101,7 @@ class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: Optional[int] = 3, async_save: bool = True,
                create: bool = True):
-    """`create=False` requires `directory` to exist (FileNotFoundError otherwise), e.g. for a resume dir."""
+    """`create=False` requires `directory` to exist (else FileNotFoundError), e.g. a resume dir."""
     directory = os.path.abspath(os.fspath(directory))
     if not create and not os.path.isdir(directory):
       raise FileNotFoundError(f"checkpoint directory {directory} does not exist; check the path or "

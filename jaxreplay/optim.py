@@ -32,8 +32,8 @@ def make_schedule(learning_rate: float, warmup_steps: int = 0, total_steps: Opti
     raise ValueError(f"learning_rate={learning_rate} and warmup_steps={warmup_steps} must be >= 0")
   if schedule == "cosine":
     if total_steps is None or total_steps <= warmup_steps:
-      raise ValueError(f"cosine schedule needs total_steps > warmup_steps; got total_steps={total_steps}, "
-                       f"warmup_steps={warmup_steps}")
+      raise ValueError(f"cosine schedule needs total_steps > warmup_steps; got "
+                       f"total_steps={total_steps}, warmup_steps={warmup_steps}")
     after = optax.cosine_decay_schedule(learning_rate, total_steps - warmup_steps, alpha=min_lr_ratio)
   else:
     after = optax.constant_schedule(learning_rate)
@@ -56,7 +56,7 @@ def make_optimizer(learning_rate: float | optax.Schedule = 1e-6, warmup_steps: i
                    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    max_grad_norm: Optional[float] = 1.0, min_lr_ratio: float = 0.0,
                    mu_dtype: Optional[Any] = None) -> optax.GradientTransformation:
-  """clip_by_global_norm(max_grad_norm) -> AdamW(schedule). max_grad_norm None or <= 0 disables clipping.
+  """clip_by_global_norm(max_grad_norm) -> AdamW(schedule); max_grad_norm None or <= 0: no clipping.
 
   `learning_rate` is a float (combined with warmup/schedule via `make_schedule`) or a ready schedule.
   `mu_dtype` sets the dtype of Adam's first moment (e.g. jnp.bfloat16 to save memory); default: params'.

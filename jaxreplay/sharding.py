@@ -1,4 +1,4 @@
-"""Device mesh and sharding rules: the one place that says how params, optimizer state and batches are laid out.
+"""Device mesh and sharding rules: the one place that lays out params, optimizer state and batches.
 
 The mesh has three axes (big_vision / levanter style):
   data    pure data parallelism (params replicated across it),
@@ -64,7 +64,7 @@ def make_mesh(mesh_shape: Sequence[int] = (1, -1, 1), axis_names: Sequence[str] 
 
 
 def path_str(path) -> str:
-  """'/'-joined names of a `jax.tree_util` key path: ('params', 'layers', 'q_proj') -> 'params/layers/q_proj'."""
+  """'/'-joined names of a `jax.tree_util` key path, e.g. 'params/layers/q_proj'."""
   parts = []
   for k in path:
     if isinstance(k, jax.tree_util.DictKey):
@@ -180,7 +180,7 @@ def constrain(x: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
 
 
 def describe(tree: Any) -> dict[str, str]:
-  """{path: 'shape spec'} of a pytree of sharded arrays or ShapeDtypeStructs with shardings (for logs)."""
+  """{path: 'shape spec'} of a pytree of sharded arrays or ShapeDtypeStructs (for logs)."""
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     sharding = getattr(leaf, "sharding", None)

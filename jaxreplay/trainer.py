@@ -118,12 +118,15 @@ def state_shardings(state: Any, mesh: Mesh,
 def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, rng: jax.Array,
                      params: Any = None, mesh: Optional[Mesh] = None,
                      rules: Sequence[tuple[str, P]] = sharding.PARAM_RULES,
-                     with_ref_params: bool = False) -> TrainState:
+                     with_ref_params: bool = False, donate_params: bool = False) -> TrainState:
   """A TrainState at step 0, created directly in its sharded layout (no full copy on one device).
 
   params: None to initialise randomly from `rng` (`transformer.init_params`), or a pytree (e.g. from
-    `models.load_hf`) that is placed onto the mesh. with_ref_params: also keep a frozen copy of the
-    initial params as the KL reference. mesh: default all devices as (1, -1, 1).
+    `models.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
+    with donate_params=True, consumed: device arrays already in the target layout become the
+    state's params without a second copy on device (the caller must not use them afterwards).
+  with_ref_params: also keep a frozen copy of the initial params as the KL reference.
+  mesh: default all devices as (1, -1, 1).
   The shardings of the result are `jax.tree.map(lambda x: x.sharding, state)`, which equals
   `state_shardings(state, mesh, rules)`.
   """
@@ -145,9 +148,12 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
       raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
   abstract = jax.eval_shape(build, params, init_rng, state_rng)
   shardings = state_shardings(abstract, mesh, rules)
-  if params is not None:
-    params = jax.device_put(params, shardings.params)
-  return jax.jit(build, out_shardings=shardings)(params, init_rng, state_rng)
+  if params is None:
+    return jax.jit(build, out_shardings=shardings)(None, init_rng, state_rng)
+  # A private sharded copy (unless donate_params), donated to the jit so that the state's params
+  # reuse its buffers instead of holding one more copy on device.
+  params = jax.device_put(params, shardings.params, may_alias=None if donate_params else False)
+  return jax.jit(build, out_shardings=shardings, donate_argnums=(0,))(params, init_rng, state_rng)
 
 
 # ---- the train step ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Checkpointer: atomic async save of (train state, host state), keep-last-K, resume, restore onto another mesh."""
+"""Checkpointer: async atomic save of (state, host state), keep-last-K, resume, restore on a new mesh."""
 import os
 
 import chex

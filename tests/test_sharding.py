@@ -96,7 +96,8 @@ def test_optimizer_state_follows_param_paths():
 def test_sharded_arrays_hold_the_right_shards():
   cfg = presets.tiny(hidden_size=64, intermediate_size=128)
   mesh = sharding.make_mesh((2, 2, 2))
-  params = transformer.init_params(cfg, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), _abstract_params(cfg))
   placed = jax.device_put(params, sharding.param_shardings(params, mesh))
   q = placed["layers"]["q_proj"]  # [2, 64, 128] over (None, fsdp=2, tensor=2)
   assert {s.data.shape for s in q.addressable_shards} == {(2, 32, 64)}

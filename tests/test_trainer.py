@@ -15,6 +15,7 @@ from jaxreplay import losses
 from jaxreplay import optim
 from jaxreplay import sharding
 from jaxreplay import trainer
+from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
 
@@ -22,6 +23,9 @@ CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_att
                    num_key_value_heads=1, head_dim=32)
 B, T, CHUNK = 8, 32, 16
 LR = 1e-3
+# Jitted once each (eager op-by-op dispatch of the model costs seconds of test time).
+init_params = jax.jit(transformer.init_params, static_argnums=0)
+full_logits = jax.jit(transformer.apply, static_argnums=0)
 
 
 def record_grads() -> optax.GradientTransformation:
@@ -92,7 +96,7 @@ def run_one_step(mesh, params, batch, loss_fn, k=1, compute_entropy=True):
 @pytest.fixture(scope="module")
 def data():
   """Initial params, a batch with realistic behaviour log-probs, and the single-device step."""
-  params = _host(transformer.init_params(CFG, jax.random.PRNGKey(0)))
+  params = _host(init_params(CFG, jax.random.PRNGKey(0)))
   mesh1 = _mesh((1, 1, 1))
   logprob_fn = trainer.make_logprob_fn(CFG, mesh1, sharding.param_shardings(params, mesh1), CHUNK)
   batch = make_batch()
@@ -181,6 +185,12 @@ def test_init_train_state_is_sharded_and_checks_params(data):
   # The reference params get no optimizer state: the same opt_state as without them.
   plain = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh)
   assert jax.tree.structure(plain.opt_state) == jax.tree.structure(state.opt_state)
+  # donate_params: the caller's device arrays become the state's params (no second copy).
+  owned = jax.device_put(data["params"], want.params)
+  donated = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=owned, mesh=mesh,
+                                     donate_params=True)
+  assert owned["layers"]["q_proj"].is_deleted()
+  chex.assert_trees_all_equal(_host(donated.params), data["params"])
   bad = dict(data["params"], norm=np.ones((3,), np.float32))
   with pytest.raises(ValueError, match="params do not match model_cfg"):
     trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=bad, mesh=mesh)
@@ -190,7 +200,7 @@ def test_random_init_matches_transformer_init():
   mesh = _mesh((1, 8, 1))
   state = trainer.init_train_state(CFG, _optimizer(), jax.random.PRNGKey(3), mesh=mesh)
   init_rng, _ = jax.random.split(jax.random.PRNGKey(3))
-  chex.assert_trees_all_close(_host(state.params), _host(transformer.init_params(CFG, init_rng)),
+  chex.assert_trees_all_close(_host(state.params), _host(init_params(CFG, init_rng)),
                               atol=1e-7)
 
 
@@ -213,7 +223,7 @@ def test_reference_step_metrics(data):
   grad_norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g)))
   np.testing.assert_allclose(m["grad_norm"], grad_norm, rtol=1e-5)
   # Entropy: recomputed from full logits.
-  logits = transformer.apply(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
+  logits = full_logits(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
   logp = jax.nn.log_softmax(logits)
   ent = -np.sum(np.exp(logp) * logp, axis=-1)
   mask = batch.completion_mask
@@ -260,15 +270,25 @@ def test_microbatches_token_mean_equal_the_big_batch(data):
 
 @pytest.mark.parametrize("name,aggregation", [("grpo", "sequence_mean"), ("asymre", "constant")])
 def test_microbatches_other_aggregations(data, name, aggregation):
-  mesh = _mesh((1, 1, 1))
+  """k = 2 micro-batches against the loss and gradient of the whole batch, computed directly."""
+  batch = data["batch"]
   loss_fn = trainer.make_loss_fn(name, aggregation=aggregation)
-  _, after1, metrics1 = run_one_step(mesh, data["params"], data["batch"], loss_fn, compute_entropy=False)
-  _, after2, metrics2 = run_one_step(mesh, data["params"], data["batch"], loss_fn, k=2,
-                                     compute_entropy=False)
-  for key, want in metrics1.items():
-    np.testing.assert_allclose(metrics2[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
-  chex.assert_trees_all_close(after2.opt_state[0], after1.opt_state[0], rtol=1e-4, atol=1e-7)
-  chex.assert_trees_all_close(after2.params, after1.params, rtol=1e-5, atol=1e-7)
+
+  @jax.jit
+  def direct(params):
+    def f(p):
+      lp = logprobs_lib.token_logprobs(CFG, p, batch.tokens, batch.targets, batch.positions,
+                                       batch.segment_ids, chunk_size=CHUNK)
+      return loss_fn(lp, batch)
+    return jax.value_and_grad(f, has_aux=True)(params)
+
+  (want_loss, want_aux), want_grads = _host(direct(data["params"]))
+  _, after, metrics = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=2,
+                                   compute_entropy=False)
+  np.testing.assert_allclose(metrics["loss"], want_loss, rtol=2e-5, atol=1e-7)
+  for key, want in want_aux.items():
+    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(after.opt_state[0], want_grads, rtol=1e-4, atol=1e-7)
 
 
 def test_grpo_with_kl_learns_on_a_fixed_batch(data):
@@ -304,8 +324,9 @@ def test_grpo_with_kl_learns_on_a_fixed_batch(data):
 
 def test_logprob_fn_matches_full_logits(data):
   batch = data["batch"]
-  logits = transformer.apply(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
-  want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), batch.targets[..., None], -1)[..., 0]
+  logits = full_logits(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
+  logp = np.asarray(jax.nn.log_softmax(logits))
+  want = np.take_along_axis(logp, batch.targets[..., None], -1)[..., 0]
   got = np.asarray(data["logprob_fn"](data["params"], batch))
   mask = batch.completion_mask > 0
   np.testing.assert_allclose(got[mask], want[mask], rtol=1e-5, atol=1e-5)

@@ -101,7 +101,7 @@ class _WorkerRunner:
       target = pool.target
       if target is not None and worker.policy_version != target[1]:
         worker.update_weights(*target)
-    except WorkerDied:
+    except (WorkerDied, TimeoutError):  # A start-up crash or timeout: retry, a bounded number of times.
       if worker is not None:
         _close_quietly(worker)
       self.failed_starts += 1
@@ -143,8 +143,9 @@ class _WorkerRunner:
       self._drop(batch, RuntimeError("the pool stopped before this request was delivered"))
       return
     tokens = sum(len(c.tokens) for g in groups for c in g.completions)
-    pool._deliver(Delivery(groups=groups, batch=batch, worker_index=self.index,  # pylint: disable=protected-access
-                           policy_version=version, generate_seconds=seconds, num_tokens=tokens))
+    delivery = Delivery(groups=groups, batch=batch, worker_index=self.index, policy_version=version,
+                        generate_seconds=seconds, num_tokens=tokens)
+    pool._deliver(delivery)  # pylint: disable=protected-access
     self.requests += 1
     self.groups += len(groups)
     self.completions += sum(len(g.completions) for g in groups)
@@ -222,12 +223,15 @@ class WorkerPool:
     self.restart_backoff_s = float(restart_backoff_s)
     self.idle_sleep_s = float(idle_sleep_s)
     self.on_drop = on_drop
-    self._target = None if initial_weights is None else (str(initial_weights[0]), int(initial_weights[1]))
+    self._target = None
+    if initial_weights is not None:
+      self._target = (str(initial_weights[0]), int(initial_weights[1]))
     self._stop = threading.Event()
     self._state_lock = threading.Lock()
     self._source_lock = threading.Lock()
     self._sink_lock = threading.Lock()
     self._error: Optional[BaseException] = None
+    self._error_worker: Optional[int] = None
     self._started_at: Optional[float] = None
     self._runners = [_WorkerRunner(self, i) for i in range(self.num_workers)]
 
@@ -272,7 +276,8 @@ class WorkerPool:
   def raise_if_failed(self) -> None:
     """Re-raises the exception that stopped the pool, if any."""
     if self._error is not None:
-      raise RuntimeError(f"the rollout pool failed: {self._error!r}") from self._error
+      raise RuntimeError(f"the rollout pool failed in worker {self._error_worker}: "
+                         f"{self._error!r}") from self._error
 
   def stop(self, timeout_s: float = 30.0) -> None:
     """Stops every thread and closes every worker. Returns within about timeout_s + 5 s.
@@ -324,7 +329,8 @@ class WorkerPool:
         return None
       batch = self.source(index)
     if batch is not None and not isinstance(batch, PromptBatch):
-      raise TypeError(f"the prompt source returned {type(batch).__name__}; expected PromptBatch or None")
+      raise TypeError(f"the prompt source returned {type(batch).__name__}; "
+                      "expected a PromptBatch or None")
     return batch
 
   def _deliver(self, delivery: Delivery) -> None:

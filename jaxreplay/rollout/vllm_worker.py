@@ -8,9 +8,13 @@ JAX must not share a process in the async pipeline).
 Log-prob semantics (vLLM 0.32, `logprobs_mode="processed_logprobs"`, the default here): the
 log-prob of each sampled token is taken from the distribution it was actually sampled from, i.e.
 `log_softmax(top_k_top_p_filter(logits / temperature))` in float32, filtered tokens at -inf and
-the kept ones renormalised. At temperature 0 (greedy) vLLM returns `log_softmax(logits)` (no
-temperature). `logprobs_mode="raw_logprobs"` instead returns `log_softmax(logits)` whatever the
-sampling settings. The JAX sampler follows the processed semantics.
+the kept ones renormalised. `logprobs_mode="raw_logprobs"` instead returns `log_softmax(logits)`
+whatever the sampling settings. Greedy sampling (temperature < 1e-5, vLLM's `_SAMPLING_EPS`) puts
+all its mass on the argmax, so its log-probs are 0.0 here (vLLM itself would report
+`log_softmax(logits)`). The JAX sampler (`jax_sampler.py`) follows the same semantics.
+
+Stopping: a completion ends after a token of `SamplingParams.stop_token_ids` or of the engine's
+`eos_token_ids` (default: config.json's `eos_token_id`, as the JAX sampler does); that token is kept.
 
 Weight refresh: `update_weights(hf_dir, version)` reloads the safetensors written by
 `models.save_hf` in one RPC (`reload_weights`) and resets the prefix cache. On CPU, vLLM keeps a
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import glob
+import json
 import multiprocessing
 import os
 import pickle
@@ -43,6 +48,7 @@ _DEFAULT_ENV = {
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
 _LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it sample greedily.
 
 
 class WorkerDied(RuntimeError):
@@ -63,6 +69,14 @@ def _reload_worker_weights(worker, weights_path: str) -> None:
   quant_method = getattr(lm_head, "quant_method", None)
   if getattr(model.config, "tie_word_embeddings", False) and quant_method is not None:
     quant_method.process_weights_after_loading(lm_head)
+
+
+def _config_eos_ids(hf_dir: str) -> tuple[int, ...]:
+  with open(os.path.join(hf_dir, "config.json")) as f:
+    eos = json.load(f).get("eos_token_id")
+  if eos is None:
+    return ()
+  return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
 
 
 def _check_hf_dir(hf_dir: str) -> None:
@@ -93,6 +107,8 @@ class VllmEngine:
     max_num_seqs: how many sequences vLLM batches at once.
     dtype: vLLM's compute dtype ("float32" on CPU, "bfloat16" on GPU).
     seed: the engine seed; request seeds derive from it (see `request_seed`).
+    eos_token_ids: ids that always end a completion, on top of `SamplingParams.stop_token_ids`;
+      None means config.json's `eos_token_id` (when set), () disables.
     enforce_eager: no CUDA graphs / torch.compile of the model (start-up in seconds on CPU).
     logprobs_mode: "processed_logprobs" (default, see the module docstring) or "raw_logprobs".
     disable_torch_compile: turns torch.compile off in this process. vLLM compiles small sampler
@@ -104,6 +120,7 @@ class VllmEngine:
 
   def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
                max_num_seqs: int = 256, dtype: str = "float32", seed: int = 0,
+               eos_token_ids: Optional[Sequence[int]] = None,
                enforce_eager: bool = True, logprobs_mode: str = "processed_logprobs",
                disable_torch_compile: bool = True, env: Optional[dict[str, str]] = None,
                engine_kwargs: Optional[dict[str, Any]] = None):
@@ -121,6 +138,8 @@ class VllmEngine:
     self._vllm = vllm
     self._tokens_prompt = TokensPrompt
     self.seed = int(seed)
+    self.eos_token_ids = (_config_eos_ids(hf_dir) if eos_token_ids is None
+                          else tuple(int(e) for e in eos_token_ids))
     self.max_model_len = int(max_model_len)
     self.logprobs_mode = logprobs_mode
     self.policy_version = int(policy_version)
@@ -154,17 +173,21 @@ class VllmEngine:
       call_index = self._calls
       self._calls += 1
       requests = [self._tokens_prompt(prompt_token_ids=p.tolist()) for p in prompts]
-      params = [self._vllm_sampling(sampling, n, request_seed(self.seed, sampling.seed, call_index, i))
+      # vLLM refuses n > 1 when greedy: the n completions are one argmax path, copied.
+      greedy = sampling.temperature < GREEDY_EPS
+      params = [self._vllm_sampling(sampling, 1 if greedy else n,
+                                    request_seed(self.seed, sampling.seed, call_index, i))
                 for i in range(len(prompts))]
       start = time.perf_counter()
       outputs = llm.generate(requests, params, use_tqdm=False)
       self.generate_seconds += time.perf_counter() - start
-    groups = [self._to_group(p, out, n, version, i) for i, (p, out) in enumerate(zip(prompts, outputs))]
-    self.num_generated_tokens += sum(len(c.tokens) for g in groups for c in g.completions)
+      groups = [self._to_group(p, out, n, version, i, greedy)
+                for i, (p, out) in enumerate(zip(prompts, outputs))]
+      self.num_generated_tokens += sum(len(c.tokens) for g in groups for c in g.completions)
     return groups
 
   def update_weights(self, hf_dir: str, version: int) -> None:
-    """Loads the weights in `hf_dir` (from `models.save_hf`) in one RPC; later groups carry `version`."""
+    """Loads the weights in `hf_dir` (models.save_hf) in one RPC; later groups carry `version`."""
     _check_hf_dir(hf_dir)
     with self._lock:
       llm = self._require_open()
@@ -225,14 +248,15 @@ class VllmEngine:
     return out
 
   def _vllm_sampling(self, sampling: SamplingParams, n: int, seed: int):
-    # ignore_eos: without a tokenizer vLLM knows no EOS; only `stop_token_ids` stop a sequence.
+    # ignore_eos: without a tokenizer vLLM knows no EOS; `stop_token_ids` carries ours.
+    stop = sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
     return self._vllm.SamplingParams(
         n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
+        max_tokens=sampling.max_tokens, stop_token_ids=stop,
         ignore_eos=True, seed=seed, logprobs=0, detokenize=False)
 
   @staticmethod
-  def _to_group(prompt: np.ndarray, out, n: int, version: int, index: int) -> Group:
+  def _to_group(prompt: np.ndarray, out, n: int, version: int, index: int, greedy: bool) -> Group:
     completions = []
     for o in sorted(out.outputs, key=lambda o: o.index):
       tokens = np.asarray(o.token_ids, np.int32)
@@ -240,9 +264,14 @@ class VllmEngine:
         raise RuntimeError(f"vLLM returned {0 if o.logprobs is None else len(o.logprobs)} log-prob "
                            f"entries for {len(tokens)} tokens")
       logprobs = np.asarray([step[t].logprob for step, t in zip(o.logprobs, o.token_ids)], np.float32)
+      if greedy:
+        logprobs = np.zeros_like(logprobs)
       if o.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a request with reason {o.finish_reason!r}")
       completions.append(Completion(tokens=tokens, logprobs=logprobs, finish_reason=o.finish_reason))
+    if greedy and len(completions) == 1:
+      completions += [Completion(c.tokens.copy(), c.logprobs.copy(), c.finish_reason)
+                      for c in completions * (n - 1)]
     if len(completions) != n:
       raise RuntimeError(f"vLLM returned {len(completions)} completions, expected n={n}")
     return Group(prompt_tokens=prompt, completions=completions, policy_version=version,
@@ -310,7 +339,12 @@ class VllmWorkerProcess:
 
   Commands (generate / update_weights / ping / close) go over a pipe; one at a time (a lock).
   A dead child (killed, crashed, pipe EOF) or a request past `request_timeout_s` raises
-  `WorkerDied`; the proxy is then unusable and the caller makes a new one.
+  `WorkerDied`; the proxy is then unusable and the caller makes a new one. Errors raised inside the
+  child (e.g. ValueError for a bad prompt) are re-raised here with the child's traceback as a note.
+
+  The child is started with multiprocessing's "spawn": a calling script needs the usual
+  `if __name__ == "__main__":` guard. On CPU, W workers on one machine may be pinned to distinct
+  cores with `env={"VLLM_CPU_OMP_THREADS_BIND": "0-3"}` and so on.
 
   Args:
     hf_dir, **engine_kwargs: as for `VllmEngine` (keyword arguments must be picklable).

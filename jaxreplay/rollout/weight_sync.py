@@ -3,12 +3,13 @@
 `WeightPublisher.publish` moves the whole parameter pytree to the host in one batched transfer
 (`jax.device_get` of the tree, not one call per tensor), writes it with `models.save_hf` (one
 safetensors file, written under a temporary name and renamed into place, so a worker never sees a
-partial directory) to `root/v{version}`, and keeps the newest `keep` versions. The root defaults to
-`/dev/shm/jaxreplay-<pid>` (RAM-backed, shared by the worker processes of this machine) and falls
-back to a temporary directory where /dev/shm is absent.
+partial directory) to `root/v{version}`, and keeps the newest `keep` versions. The root defaults
+to a new `/dev/shm/jaxreplay-<pid>-<random>` (RAM-backed, shared by the worker processes of this
+machine) and falls back to a temporary directory where /dev/shm is absent.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
@@ -18,13 +19,15 @@ import time
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.models.hf_io import save_hf
 
 @dataclasses.dataclass(frozen=True)
 class PublishRecord:
-  """One publish: where, which version, bytes of the safetensors files, and seconds."""
+  """One publish: where, which version, bytes of tensor data written, and seconds."""
   hf_dir: str
   version: int
   nbytes: int
@@ -37,18 +40,20 @@ class PublishRecord:
 
 
 def default_root() -> str:
-  """`/dev/shm/jaxreplay-<pid>` when /dev/shm is a writable directory, else a new temporary dir."""
+  """A new directory `/dev/shm/jaxreplay-<pid>-<random>` when /dev/shm is a writable directory,
+  else a new temporary directory. New per call: two publishers never delete each other's files."""
   shm = "/dev/shm"
   if os.path.isdir(shm) and os.access(shm, os.W_OK):
-    return os.path.join(shm, f"jaxreplay-{os.getpid()}")
-  return tempfile.mkdtemp(prefix="jaxreplay-weights-")
+    return tempfile.mkdtemp(prefix=f"jaxreplay-{os.getpid()}-", dir=shm)
+  return tempfile.mkdtemp(prefix=f"jaxreplay-{os.getpid()}-")
 
 
 class WeightPublisher:
   """Writes successive parameter versions as HF directories `root/v{version}`.
 
   Args:
-    root: the directory holding the versions; None uses `default_root()` and deletes it on `close`.
+    root: the directory holding the versions; None uses `default_root()` and deletes it on `close`
+      (or at interpreter exit).
       A given root is kept on `close` (only the version directories written here are pruned).
     keep: how many of the newest versions stay on disk (>= 1). Keep >= 2 when workers apply a
       refresh lazily: a worker may still be reading version v while v+1 is being written.
@@ -60,6 +65,8 @@ class WeightPublisher:
     self._owns_root = root is None
     self.root = os.path.abspath(root or default_root())
     os.makedirs(self.root, exist_ok=True)
+    if self._owns_root:  # /dev/shm is RAM: do not leave versions behind when close() is skipped.
+      atexit.register(shutil.rmtree, self.root, True)
     self.keep = int(keep)
     self._lock = threading.Lock()
     self._published: list[PublishRecord] = []
@@ -102,8 +109,8 @@ class WeightPublisher:
       out_dir = self.version_dir(version)
       save_hf(cfg, host, out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype)
       done = time.perf_counter()
-      nbytes = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir)
-                   if f.endswith(".safetensors"))
+      leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(host)]
+      nbytes = sum(x.size * (x.dtype if dtype is None else jnp.dtype(dtype)).itemsize for x in leaves)
       record = PublishRecord(hf_dir=out_dir, version=version, nbytes=nbytes,
                              transfer_seconds=transferred - start, write_seconds=done - transferred)
       self._published.append(record)

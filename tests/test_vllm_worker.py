@@ -1,0 +1,260 @@
+"""Tests of the vLLM backend against the JAX model: its log-probs are those of the JAX forward (also
+after a weight refresh through WeightPublisher), sampling filters follow the "processed" semantics,
+and the engine in its own process generates and reports its death."""
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxreplay import models
+from jaxreplay.rollout.base import SamplingParams
+from jaxreplay.rollout.vllm_worker import (VllmEngine, VllmWorkerProcess, WorkerDied,
+                                           request_seed)
+from jaxreplay.rollout.weight_sync import WeightPublisher
+from tests.conftest import require
+
+CFG = models.presets.tiny()
+PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32),
+           np.array([1, 40], np.int32)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  require("vllm")
+  params = [models.init_params(CFG, jax.random.key(s)) for s in (0, 1)]
+  publisher = WeightPublisher(root=str(tmp_path_factory.mktemp("weights")), keep=10)
+  v0 = publisher.publish(CFG, params[0], version=0)
+  start = time.perf_counter()
+  engine = VllmEngine(v0, max_model_len=128, max_num_seqs=64, seed=0)
+  print(f"\nvLLM in-process engine start-up: {time.perf_counter() - start:.1f} s")
+  yield engine, params, publisher
+  engine.close()
+  publisher.close()
+
+
+def publish_next(publisher, params):
+  return publisher.publish(CFG, params, version=publisher.latest.version + 1)
+
+
+ROWS, COLS = 16, 32  # every JAX call is on one padded [16, 32] shape: it compiles once
+
+
+def _padded(seqs):
+  """Right-padded [k*16, 32] token batches of the given sequences (padding never attends back)."""
+  rows = -(-len(seqs) // ROWS) * ROWS
+  out = np.zeros((rows, COLS), np.int32)
+  for i, s in enumerate(seqs):
+    out[i, :len(s)] = s
+  return out
+
+
+def jax_logprobs_many(params, pairs):
+  """models.token_logprobs of each (group, completion)'s completion tokens: a list of f32 [L]."""
+  seqs = [np.concatenate([g.prompt_tokens, c.tokens]) for g, c in pairs]
+  tokens = _padded(seqs)
+  lp = np.asarray(models.token_logprobs(CFG, params, tokens[:, :-1], tokens[:, 1:]))
+  return [lp[i, len(g.prompt_tokens) - 1:len(s) - 1] for i, ((g, _), s) in enumerate(zip(pairs, seqs))]
+
+
+def jax_logits_many(params, pairs):
+  """models.apply logits predicting each completion token: a list of f32 [L, V]."""
+  seqs = [np.concatenate([g.prompt_tokens, c.tokens]) for g, c in pairs]
+  logits = np.asarray(models.apply(CFG, params, _padded(seqs)[:, :-1]))
+  return [logits[i, len(g.prompt_tokens) - 1:len(s) - 1]
+          for i, ((g, _), s) in enumerate(zip(pairs, seqs))]
+
+
+def pairs_of(groups):
+  return [(g, c) for g in groups for c in g.completions]
+
+
+def logprob_diffs(groups, params):
+  pairs = pairs_of(groups)
+  return np.concatenate([np.abs(ref - c.logprobs)
+                         for ref, (_, c) in zip(jax_logprobs_many(params, pairs), pairs)])
+
+
+def processed_reference(logits, tokens, temperature, top_k=0, top_p=1.0):
+  """log_softmax of logits [L, V] after temperature, top-k, top-p at `tokens` [L] (numpy, float64)."""
+  out = []
+  for row, t in zip(np.asarray(logits, np.float64) / temperature, tokens):
+    if top_k:
+      row = np.where(row < np.sort(row)[::-1][top_k - 1], -np.inf, row)
+    probs = np.exp(row - row.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+      order = np.argsort(-probs)
+      keep = np.cumsum(probs[order]) - probs[order] < top_p  # smallest prefix with mass >= top_p
+      mask = np.zeros_like(probs, bool)
+      mask[order[keep]] = True
+      row = np.where(mask, row, -np.inf)
+    out.append(row[t] - row.max() - np.log(np.sum(np.exp(row - row.max()))))
+  return np.asarray(out)
+
+
+def test_logprobs_match_jax_forward(setup):
+  engine, params, _ = setup
+  sampling = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=24)
+  start = time.perf_counter()
+  groups = engine.generate(PROMPTS, 4, sampling)
+  seconds = time.perf_counter() - start
+  assert [g.prompt_index for g in groups] == [0, 1, 2]
+  for g, p in zip(groups, PROMPTS):
+    np.testing.assert_array_equal(g.prompt_tokens, p)
+    assert g.policy_version == 0 and len(g.completions) == 4
+    for c in g.completions:
+      assert c.tokens.dtype == np.int32 and c.logprobs.dtype == np.float32
+      assert c.tokens.shape == c.logprobs.shape and 1 <= len(c.tokens) <= 24
+      assert np.all(c.logprobs <= 0)
+  d = logprob_diffs(groups, params[0])
+  tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+  print(f"\nvLLM vs JAX log-probs: mean |diff| {d.mean():.2e}, max {d.max():.2e}, "
+        f"mean exp(|diff|) {np.exp(d).mean():.6f}; {tokens / seconds:.0f} tokens/s")
+  assert np.exp(d).mean() <= 1.05
+  assert d.max() < 1e-3
+  # Against the other parameters the log-probs are far off: the comparison can fail.
+  assert logprob_diffs(groups, params[1]).mean() > 0.05
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 10, 1.0), (1.3, 0, 0.8)])
+def test_logprobs_are_processed(setup, temperature, top_k, top_p):
+  """Log-probs of the distribution actually sampled from: after temperature, top-k, top-p."""
+  engine, params, _ = setup
+  sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=12)
+  groups = engine.generate(PROMPTS[:2], 3, sampling)
+  pairs = pairs_of(groups)
+  raws = jax_logprobs_many(params[0], pairs)
+  for (_, c), logits, raw in zip(pairs, jax_logits_many(params[0], pairs), raws):
+    ref = processed_reference(logits, c.tokens, temperature, top_k, top_p)
+    assert np.all(np.isfinite(ref))  # every sampled token survived the filters
+    np.testing.assert_allclose(c.logprobs, ref, atol=1e-3)
+  raw_diff = np.concatenate([np.abs(r - c.logprobs) for r, (_, c) in zip(raws, pairs)])
+  assert raw_diff.max() > 1e-2  # ...and they are not the raw log-probs
+
+
+def test_stop_tokens_and_eos(setup):
+  engine, _, _ = setup
+  assert engine.eos_token_ids == (CFG.eos_token_id,)
+  stop = (7, 8, 9, 10)
+  groups = engine.generate(PROMPTS, 4, SamplingParams(max_tokens=20, stop_token_ids=stop))
+  ends = set(stop) | {CFG.eos_token_id}
+  reasons = set()
+  for g in groups:
+    for c in g.completions:
+      reasons.add(c.finish_reason)
+      assert not set(c.tokens[:-1].tolist()) & ends
+      if c.finish_reason == "stop":
+        assert c.tokens[-1] in ends
+      else:
+        assert c.finish_reason == "length" and len(c.tokens) == 20
+  assert "stop" in reasons  # 5 stop ids of 64: some of 12 completions of 20 tokens stop
+
+
+def test_greedy_is_argmax_with_zero_logprobs(setup):
+  engine, params, _ = setup
+  groups = engine.generate(PROMPTS[:2], 2, SamplingParams(temperature=0.0, max_tokens=10))
+  for g in groups:
+    a, b = g.completions
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, 0.0)
+  pairs = [(g, g.completions[0]) for g in groups]
+  for (_, c), logits in zip(pairs, jax_logits_many(params[0], pairs)):
+    np.testing.assert_array_equal(c.tokens, logits.argmax(-1))
+
+
+def test_repeated_calls_draw_fresh_samples(setup):
+  engine, _, _ = setup
+  sampling = SamplingParams(max_tokens=16)
+  a = engine.generate(PROMPTS[:1], 2, sampling)[0].completions
+  b = engine.generate(PROMPTS[:1], 2, sampling)[0].completions
+  assert not np.array_equal(a[0].tokens, b[0].tokens)
+  assert not np.array_equal(a[0].tokens, a[1].tokens)
+  assert request_seed(0, 0, 3, 1) == request_seed(0, 0, 3, 1)
+  assert len({request_seed(0, 0, c, p) for c in range(20) for p in range(20)}) == 400
+
+
+def test_update_weights_switches_to_new_params(setup):
+  engine, params, publisher = setup
+  sampling = SamplingParams(max_tokens=24)
+  v1 = publisher.publish(CFG, params[1], version=1)
+  assert publisher.last_publish_seconds > 0
+  engine.update_weights(v1, 1)
+  print(f"\nvLLM reload_weights (tiny model): {engine.last_update_seconds * 1e3:.1f} ms")
+  groups = engine.generate(PROMPTS, 4, sampling)
+  assert engine.policy_version == 1 and all(g.policy_version == 1 for g in groups)
+  new, old = logprob_diffs(groups, params[1]), logprob_diffs(groups, params[0])
+  print(f"after refresh: mean |diff| vs new {new.mean():.2e} (max {new.max():.2e}), "
+        f"vs old {old.mean():.2e}")
+  assert np.exp(new).mean() <= 1.05 and new.max() < 1e-3
+  assert old.mean() > 0.05
+  # And back: a second reload (the tied LM head is re-packed each time).
+  v2 = publisher.publish(CFG, params[0], version=2)
+  engine.update_weights(v2, 2)
+  groups = engine.generate(PROMPTS, 2, sampling)
+  assert all(g.policy_version == 2 for g in groups)
+  assert logprob_diffs(groups, params[0]).max() < 1e-3
+
+
+def test_bad_inputs_raise_clear_errors(setup, tmp_path):
+  engine, _, _ = setup
+  sampling = SamplingParams(max_tokens=8)
+  with pytest.raises(ValueError, match="outside"):
+    engine.generate([np.array([1, CFG.vocab_size])], 1, sampling)
+  with pytest.raises(ValueError, match="max_model_len"):
+    engine.generate([np.ones(125, np.int32)], 1, sampling)
+  with pytest.raises(ValueError, match="1-D"):
+    engine.generate([np.ones((2, 2), np.int32)], 1, sampling)
+  with pytest.raises(ValueError, match="no prompts"):
+    engine.generate([], 1, sampling)
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    engine.update_weights(str(tmp_path), 9)
+  assert engine.policy_version != 9
+
+
+def test_worker_process_generates_refreshes_and_reports_death(setup):
+  _, params, publisher = setup
+  v0 = publish_next(publisher, params[0])
+  v1 = publish_next(publisher, params[1])
+  worker = VllmWorkerProcess(v0, max_model_len=128, max_num_seqs=16, startup_timeout_s=300)
+  try:
+    print(f"\nvLLM worker process start-up: {worker.startup_seconds:.1f} s "
+          f"(engine {worker.engine_startup_seconds:.1f} s)")
+    assert worker.pid != os.getpid() and worker.is_alive()
+    groups = worker.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=12))
+    assert all(g.policy_version == 0 for g in groups)
+    assert logprob_diffs(groups, params[0]).max() < 1e-3
+    worker.update_weights(v1, 1)
+    groups = worker.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=12))
+    assert worker.policy_version == 1 and all(g.policy_version == 1 for g in groups)
+    assert logprob_diffs(groups, params[1]).max() < 1e-3
+    assert worker.ping()["policy_version"] == 1
+    with pytest.raises(ValueError, match="outside"):  # errors in the child come back typed
+      worker.generate([np.array([1, 999])], 1, SamplingParams())
+    assert worker.is_alive()
+    os.kill(worker.pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied):
+      worker.generate(PROMPTS[:1], 1, SamplingParams(max_tokens=4))
+    with pytest.raises(WorkerDied):
+      worker.update_weights(v1, 2)
+    assert not worker.is_alive()
+  finally:
+    start = time.monotonic()
+    worker.close()
+    assert time.monotonic() - start < 10
+
+
+def test_worker_process_startup_timeout(setup):
+  _, _, publisher = setup
+  start = time.monotonic()
+  with pytest.raises(TimeoutError, match="startup_timeout_s"):
+    VllmWorkerProcess(publisher.latest.hf_dir, startup_timeout_s=0.5)
+  assert time.monotonic() - start < 10
+
+
+def test_worker_process_startup_failure_is_reported(setup):
+  _, _, publisher = setup
+  with pytest.raises(WorkerDied, match="failed to start(.|\n)*logprobs_mode"):
+    VllmWorkerProcess(publisher.latest.hf_dir, logprobs_mode="bogus", startup_timeout_s=120)
