@@ -74,7 +74,8 @@ class RolloutWorkers:
       env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     return VllmWorkerProcess(
         weights, policy_version=version, max_model_len=c.model.max_len,
-        dtype="float32" if on_cpu else "bfloat16", seed=seed, env=env)
+        dtype="float32" if on_cpu else "bfloat16", seed=seed, env=env,
+        eos_token_ids=tuple(p.codec.stop_ids))
 
   def local_worker(self):
     """The worker of the simulated schedule (created at the first publish)."""
