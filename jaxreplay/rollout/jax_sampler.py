@@ -112,8 +112,9 @@ def sample_token(rng: jax.Array, logits: jax.Array, temperature, top_k=None, top
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "max_new", "use_top_k",
                                              "use_top_p"))
 def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, top_k, top_p,
-                   stop_ids, *, cache_len: int, max_new: int, use_top_k: bool, use_top_p: bool):
-  """Prefill, then up to `max_new - 1` decode steps, stopping early once every row is done.
+                   stop_ids, max_tokens, *, cache_len: int, max_new: int, use_top_k: bool,
+                   use_top_p: bool):
+  """Prefill, then up to `max_tokens - 1` decode steps, stopping early once every row is done.
 
   Args:
     cfg: ModelConfig (static); params: its parameter pytree.
@@ -122,11 +123,13 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
     row_keys: typed PRNG keys [B]; step t of row b draws with fold_in(row_keys[b], t).
     temperature, top_p: float32 scalars; top_k: int32 scalar (used when use_top_k / use_top_p).
     stop_ids: int32 [S] token ids that end a row (kept in its output); -1 entries match nothing.
-    cache_len: KV-cache length >= lengths + max_new - 1 (static); max_new: tokens per row (static).
+    max_tokens: int32 scalar, 1 <= max_tokens <= max_new: the tokens a row may generate.
+    cache_len: KV-cache length >= lengths + max_tokens - 1 (static); max_new: the output buffer
+      length (static), so one compilation serves every max_tokens up to it.
   Returns:
     out_tokens int32 [B, max_new] (0 after a row's end), out_logprobs float32 [B, max_new]
     (processed log-probs, 0 after the end), num_tokens int32 [B], stopped bool [B] (a stop token
-    ended the row, else max_new was reached).
+    ended the row, else max_tokens was reached).
   """
   b = tokens.shape[0]
   k = top_k if use_top_k else None
@@ -152,7 +155,7 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
 
   def cond(carry):
     step, _, _, done = carry[:4]
-    return (step < max_new) & ~jnp.all(done)
+    return (step < max_tokens) & ~jnp.all(done)
 
   def body(carry):
     step, tok, cache, *rest = carry
@@ -163,6 +166,14 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
   carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, *state))
   _, _, _, _, out_t, out_lp, num, stopped = carry
   return out_t, out_lp, num, stopped
+
+
+def output_bucket(max_tokens: int, smallest: int = 8) -> int:
+  """The output-buffer length compiled for `max_tokens`: the next power of two >= it (>= 8)."""
+  b = smallest
+  while b < max_tokens:
+    b *= 2
+  return b
 
 
 def default_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
@@ -180,7 +191,8 @@ class JaxSampler:
   All `len(prompts) * n` rows of a `generate` call are sorted by prompt length and cut into
   batches of exactly `batch_size` rows (the last one padded), each prompt right-padded to the
   smallest bucket that holds its batch; the jitted loop so compiles once per (prompt bucket,
-  max_tokens, which filters are on) and every batch reuses it. Row r of the call (prompt r // n,
+  `output_bucket(max_tokens)`, which of top-k / top-p are on) and every batch reuses it;
+  temperature, top_k, top_p, stop ids and max_tokens are traced values. Row r of the call (prompt r // n,
   sample r % n) draws its tokens from fold_in(seed, sampling.seed, call index, r) alone, so the
   output does not depend on `batch_size` or on the other prompts.
 
@@ -301,7 +313,8 @@ class JaxSampler:
     use_top_k = 0 < sampling.top_k < cfg.vocab_size
     use_top_p = sampling.top_p < 1.0
     scalars = (jnp.float32(sampling.temperature), jnp.int32(sampling.top_k),
-               jnp.float32(sampling.top_p), jnp.asarray(stop_ids))
+               jnp.float32(sampling.top_p), jnp.asarray(stop_ids), jnp.int32(sampling.max_tokens))
+    max_new = output_bucket(sampling.max_tokens)
 
     rows = len(prompts) * n  # row r: prompt r // n, sample r % n
     lengths = np.repeat([p.size for p in prompts], n)
@@ -322,8 +335,8 @@ class JaxSampler:
       out = generate_batch(
           cfg, params, jnp.asarray(batch), jnp.asarray(lengths[idx], jnp.int32),
           jnp.asarray(valid), keys, *scalars,
-          cache_len=min(self.max_len, bucket + sampling.max_tokens),
-          max_new=sampling.max_tokens, use_top_k=use_top_k, use_top_p=use_top_p)
+          cache_len=min(self.max_len, bucket + max_new), max_new=max_new,
+          use_top_k=use_top_k, use_top_p=use_top_p)
       out_t, out_lp, num, stopped = jax.device_get(out)
       for j in range(real):
         m = int(num[j])
