@@ -46,7 +46,8 @@ def chi2_pvalue(counts, probs, min_expected=5.0):
   """Pearson chi-square p-value of counts against probs; cells with small expectation are pooled.
   Fails outright when a token of probability 0 was drawn."""
   counts, probs = np.asarray(counts, np.float64), np.asarray(probs, np.float64)
-  assert counts[probs == 0].sum() == 0, f"drew tokens of probability 0: {np.nonzero(counts * (probs == 0))}"
+  drawn_impossible = np.nonzero(counts * (probs == 0))[0]
+  assert not drawn_impossible.size, f"drew tokens of probability 0: {drawn_impossible}"
   n = counts.sum()
   big = probs * n >= min_expected
   obs = np.append(counts[big], counts[~big & (probs > 0)].sum())
@@ -109,7 +110,7 @@ def test_filter_logits_ties():
 
 
 def test_filter_logits_matches_vllm():
-  """Same masks as vLLM's own torch implementation (temperature applied first, as its Sampler does)."""
+  """Same masks as vLLM's own torch implementation (temperature first, as its Sampler does)."""
   from conftest import require
   torch = require("torch")
   ops = require("vllm.v1.sample.ops.topk_topp_sampler")
@@ -157,3 +158,200 @@ def test_sample_token_per_row_keys_and_greedy():
 
 # ---- the sampler on a tiny model ----------------------------------------------------------------
 
+# ---- the sampler on a tiny model ----------------------------------------------------------------
+
+def tiny_model(seed=0, vocab=32):
+  """2 layers, hidden 64, head_dim 32; std 0.2 spreads next-token probability over ~25 tokens."""
+  cfg = models.presets.tiny(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=32)
+  return cfg, models.init_params(cfg, jax.random.key(seed), std=0.2)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+  """Shared by the sequence-level tests. They keep SETTINGS' filters (top-k and top-p on) and
+  max_tokens <= 8, so the generation loop compiles once for all of them."""
+  cfg, params = model
+  return JaxSampler(cfg, params, max_len=48, batch_size=8, eos_token_ids=(), seed=0)
+
+
+SETTINGS = SamplingParams(temperature=0.8, top_k=12, top_p=0.9, max_tokens=8)
+PROMPTS = [np.array([3, 1, 4], np.int32), np.array([1, 5, 9, 2, 6, 5, 3], np.int32),
+           np.array([5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2], np.int32)]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(cfg, params, tokens):
+  return models.apply(cfg, params, tokens)
+
+
+def full_forward_logits(cfg, params, seqs, rows=40, pad_to=32):
+  """float64 [len(seqs), pad_to, V] logits of right-padded sequences via `models.apply` (causal:
+  padding never leaks back). The batch is padded to `rows` so that it compiles once."""
+  batch = np.zeros((max(rows, len(seqs)), pad_to), np.int32)
+  for i, seq in enumerate(seqs):
+    batch[i, :len(seq)] = seq
+  return np.asarray(_logits(cfg, params, jnp.asarray(batch)), np.float64)[:len(seqs)]
+
+
+def processed(logits, s: SamplingParams):
+  return np_probs(np_filter(logits, s.temperature, s.top_k, s.top_p))
+
+
+@pytest.mark.parametrize("settings", [
+    SamplingParams(temperature=1.0, top_p=1.0, max_tokens=2),
+    SamplingParams(temperature=0.7, top_p=0.9, max_tokens=2),
+    SamplingParams(temperature=1.2, top_k=6, top_p=0.95, max_tokens=2)], ids=str)
+def test_sampled_distributions_are_exact(model, settings):
+  """4000 two-token completions of one prompt against the exact (filtered) softmax of the full
+  forward: the first token, the (first, second) pairs, the second token given the commonest
+  first one."""
+  cfg, params = model
+  v = cfg.vocab_size
+  s = JaxSampler(cfg, params, max_len=32, batch_size=1000, eos_token_ids=(), seed=1)
+  prompt = PROMPTS[1]
+  comps = s.generate([prompt], 4000, settings)[0].completions
+  draws = np.stack([c.tokens for c in comps])
+  chex.assert_shape(draws, (4000, 2))
+  logits = full_forward_logits(cfg, params, [prompt] + [np.append(prompt, a) for a in range(v)])
+  p1 = processed(logits[0, len(prompt) - 1], settings)
+  p2 = np.stack([processed(logits[1 + a, len(prompt)], settings) for a in range(v)])  # [a, b]
+  assert (p1 > 0).sum() >= 4  # a distribution worth testing
+  assert chi2_pvalue(np.bincount(draws[:, 0], minlength=v), p1) > 1e-3
+  assert chi2_pvalue(np.bincount(draws[:, 0] * v + draws[:, 1], minlength=v * v),
+                     (p1[:, None] * p2).ravel()) > 1e-3
+  top = np.argmax(np.bincount(draws[:, 0], minlength=v))
+  assert chi2_pvalue(np.bincount(draws[draws[:, 0] == top, 1], minlength=v), p2[top]) > 1e-3
+
+
+def recomputed_logprobs(cfg, params, prompt, tokens, s: SamplingParams):
+  logits = full_forward_logits(cfg, params, [np.concatenate([prompt, tokens])])[0]
+  out = []
+  for t, tok in enumerate(tokens):
+    f = np_filter(logits[len(prompt) - 1 + t], s.temperature, s.top_k, s.top_p)
+    out.append(f[tok] - f.max() - np.log(np.exp(f - f.max()).sum()))
+  return np.array(out)
+
+
+def test_logprobs_equal_full_forward_with_processing(model, sampler):
+  cfg, params = model
+  groups = sampler.generate(PROMPTS, 3, SETTINGS)  # 9 rows: two batches of 8, prompt lengths 3-12
+  assert [g.prompt_index for g in groups] == [0, 1, 2]
+  for g, prompt in zip(groups, PROMPTS):
+    np.testing.assert_array_equal(g.prompt_tokens, prompt)
+    assert g.policy_version == 0 and len(g.completions) == 3
+    for c in g.completions:
+      assert c.tokens.dtype == np.int32 and c.logprobs.dtype == np.float32
+      assert len(c.tokens) == len(c.logprobs) == SETTINGS.max_tokens
+      assert c.finish_reason == "length"
+      np.testing.assert_allclose(c.logprobs, recomputed_logprobs(cfg, params, prompt, c.tokens,
+                                                                 SETTINGS), atol=1e-4)
+
+
+def test_stop_tokens_end_completions_and_are_kept(sampler):
+  hot = dataclasses.replace(SETTINGS, temperature=1.5)
+  free = sampler.generate(PROMPTS, 8, hot)
+  counts = np.bincount(np.concatenate([c.tokens for g in free for c in g.completions]),
+                       minlength=32)
+  stop = tuple(int(t) for t in np.argsort(-counts)[:2])  # the two commonest tokens
+  groups = sampler.generate(PROMPTS, 8, dataclasses.replace(hot, stop_token_ids=stop))
+  reasons = set()
+  for c in (c for g in groups for c in g.completions):
+    reasons.add(c.finish_reason)
+    assert len(c.tokens) == len(c.logprobs) <= hot.max_tokens
+    assert not np.isin(c.tokens[:-1], stop).any()  # nothing after the first stop token
+    if c.finish_reason == "stop":
+      assert c.tokens[-1] in stop
+    else:
+      assert len(c.tokens) == hot.max_tokens and c.tokens[-1] not in stop
+  assert reasons == {"stop", "length"}
+  # The sampler's eos ids stop completions on top of the request's stop ids.
+  eos = JaxSampler(sampler.cfg, sampler._params, 48, batch_size=8, eos_token_ids=stop)
+  eos_comps = [c for g in eos.generate(PROMPTS, 8, hot) for c in g.completions]
+  assert any(c.finish_reason == "stop" and c.tokens[-1] in stop for c in eos_comps)
+
+
+def test_max_tokens_respected(sampler):
+  for max_tokens in (1, 3, 5):
+    groups = sampler.generate(PROMPTS, 2, dataclasses.replace(SETTINGS, max_tokens=max_tokens))
+    assert all(len(c.tokens) == len(c.logprobs) == max_tokens and c.finish_reason == "length"
+               for g in groups for c in g.completions)
+
+
+def test_greedy_equals_argmax_of_full_forward(model, sampler):
+  cfg, params = model
+  groups = sampler.generate(PROMPTS, 2, dataclasses.replace(SETTINGS, temperature=0.0))
+  for g, prompt in zip(groups, PROMPTS):
+    a, b = g.completions
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.logprobs, 0.0)
+    logits = full_forward_logits(cfg, params, [np.concatenate([prompt, a.tokens])])[0]
+    np.testing.assert_array_equal(
+        a.tokens, np.argmax(logits[len(prompt) - 1:len(prompt) - 1 + len(a.tokens)], axis=-1))
+
+
+def test_deterministic_given_seed(model):
+  cfg, params = model
+  make = lambda seed=0: JaxSampler(cfg, params, max_len=48, batch_size=8, eos_token_ids=(),
+                                   seed=seed)
+  toks = lambda groups: np.stack([c.tokens for g in groups for c in g.completions])
+  one, two = make(), make()
+  first, second = toks(one.generate(PROMPTS, 2, SETTINGS)), toks(one.generate(PROMPTS, 2, SETTINGS))
+  np.testing.assert_array_equal(toks(two.generate(PROMPTS, 2, SETTINGS)), first)
+  np.testing.assert_array_equal(toks(two.generate(PROMPTS, 2, SETTINGS)), second)
+  assert (first != second).any()  # each call draws new samples
+  assert (toks(make(7).generate(PROMPTS, 2, SETTINGS)) != first).any()
+  assert (toks(make().generate(PROMPTS, 2, dataclasses.replace(SETTINGS, seed=5))) != first).any()
+  # Row r's draws depend on (seed, call, r) only, not on the other rows of its batch.
+  np.testing.assert_array_equal(toks(make().generate(PROMPTS[:1], 2, SETTINGS)), first[:2])
+
+
+def test_bad_inputs_raise_clear_errors(model, sampler):
+  cfg, params = model
+  with pytest.raises(ValueError, match=r"prompt 1 has 44 tokens and max_tokens=8.*max_len=48"):
+    sampler.generate([PROMPTS[0], np.ones(44, np.int32)], 1, SETTINGS)
+  with pytest.raises(ValueError, match="vocab_size=32"):
+    sampler.generate([np.array([3, 40])], 1, SETTINGS)
+  with pytest.raises(ValueError, match="non-empty"):
+    sampler.generate([np.array([], np.int32)], 1, SETTINGS)
+  with pytest.raises(ValueError, match="n=0"):
+    sampler.generate(PROMPTS, 0, SETTINGS)
+  with pytest.raises(ValueError, match="max_position_embeddings"):
+    JaxSampler(cfg, params, max_len=10_000)
+  assert sampler.generate([], 2, SETTINGS) == []
+
+
+def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
+  cfg, params = model
+  greedy = dataclasses.replace(SETTINGS, temperature=0.0)
+  first_greedy = lambda p: [int(np.argmax(full_forward_logits(cfg, p, [q])[0, len(q) - 1]))
+                            for q in PROMPTS]
+  _, new_params = tiny_model(seed=1)
+  assert first_greedy(new_params) != first_greedy(params)
+  models.save_hf(cfg, params, str(tmp_path / "v0"))
+  models.save_hf(cfg, new_params, str(tmp_path / "v5"))
+  s = JaxSampler.from_hf(str(tmp_path / "v0"), max_len=48, batch_size=8, eos_token_ids=())
+  heads = lambda groups: [int(g.completions[0].tokens[0]) for g in groups]
+  before = s.generate(PROMPTS, 1, greedy)
+  assert [g.policy_version for g in before] == [0] * 3 and heads(before) == first_greedy(params)
+  s.set_params(new_params, version=3)
+  after = s.generate(PROMPTS, 1, greedy)
+  assert [g.policy_version for g in after] == [3] * 3 and heads(after) == first_greedy(new_params)
+  s.update_weights(str(tmp_path / "v0"), 4)
+  assert heads(s.generate(PROMPTS, 1, greedy)) == first_greedy(params) and s.policy_version == 4
+  s.update_weights(str(tmp_path / "v5"), 5)
+  groups = s.generate(PROMPTS, 1, greedy)
+  assert heads(groups) == first_greedy(new_params) and groups[0].policy_version == 5
+  other = tiny_model(vocab=48)
+  models.save_hf(*other, str(tmp_path / "other"))
+  with pytest.raises(ValueError, match="differs from this sampler"):
+    s.update_weights(str(tmp_path / "other"), 6)
+  s.close()
+  with pytest.raises(ValueError, match="closed"):
+    s.generate(PROMPTS, 1, greedy)

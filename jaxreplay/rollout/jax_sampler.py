@@ -192,9 +192,10 @@ class JaxSampler:
   batches of exactly `batch_size` rows (the last one padded), each prompt right-padded to the
   smallest bucket that holds its batch; the jitted loop so compiles once per (prompt bucket,
   `output_bucket(max_tokens)`, which of top-k / top-p are on) and every batch reuses it;
-  temperature, top_k, top_p, stop ids and max_tokens are traced values. Row r of the call (prompt r // n,
-  sample r % n) draws its tokens from fold_in(seed, sampling.seed, call index, r) alone, so the
-  output does not depend on `batch_size` or on the other prompts.
+  temperature, top_k, top_p, stop ids and max_tokens are traced values. Row r of the call
+  (prompt r // n, sample r % n) draws its noise from fold_in(seed, sampling.seed, call index, r)
+  alone, so its tokens do not depend on the other rows of its batch (nor on `batch_size`, up to
+  the float rounding of differently shaped batches).
 
   Weights are read once per `generate` call under a lock, so a concurrent `set_params` never mixes
   two policies in one call, and every Group carries the version that produced it.
@@ -219,7 +220,8 @@ class JaxSampler:
       raise ValueError(f"max_len={max_len} must be >= 2 (one prompt token and one generated)")
     if max_len > cfg.max_position_embeddings:
       raise ValueError(f"max_len={max_len} exceeds the model's max_position_embeddings="
-                       f"{cfg.max_position_embeddings}; pass max_len <= {cfg.max_position_embeddings}")
+                       f"{cfg.max_position_embeddings}; pass max_len <= "
+                       f"{cfg.max_position_embeddings}")
     if batch_size < 1:
       raise ValueError(f"batch_size={batch_size} must be >= 1")
     if eos_token_ids is None:
@@ -284,11 +286,13 @@ class JaxSampler:
             f"prompt {i} has {p.size} tokens and max_tokens={sampling.max_tokens}: "
             f"{p.size} + {sampling.max_tokens} = {p.size + sampling.max_tokens} exceeds the "
             f"sampler's max_len={self.max_len}; build the JaxSampler with max_len >= "
-            f"{p.size + sampling.max_tokens}, lower SamplingParams.max_tokens, or truncate the prompt")
+            f"{p.size + sampling.max_tokens}, lower SamplingParams.max_tokens, or truncate the "
+            "prompt")
       out.append(p.astype(np.int32))
     return out
 
-  def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
+  def generate(self, prompts: Sequence[np.ndarray], n: int,
+               sampling: SamplingParams) -> list[Group]:
     """Samples `n` completions for each prompt (int32 [Lp]); one Group per prompt, in order.
 
     Completion tokens run up to and including the first stop / eos token ("stop") or stop after
