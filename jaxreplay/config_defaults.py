@@ -97,3 +97,33 @@ def base_config() -> ml_collections.ConfigDict:
   c.log.every_s = 10.0
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
   return c
+
+
+def gpu_math_config(preset: str, learning_rate: float, mu: float,
+                    num_microbatches: int = 8) -> ml_collections.ConfigDict:
+  """The paper's GPU math setting for one model: vLLM workers (W, T) = (5, 3), N=84, B=60, G=16,
+  async schedule, bf16 compute with f32 master weights. Set model.path and task.path to run."""
+  c = base_config()
+  c.total_steps = 1000
+  c.model.preset = preset
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.remat = True
+  c.model.max_len = 4608
+  c.task.name = "math"
+  c.task.held_out = 500
+  c.rollout.backend = "vllm"
+  c.rollout.num_workers = 5            # W
+  c.rollout.group_size = 16            # G
+  c.rollout.prompts_per_request = 4
+  c.rollout.max_tokens = 4096
+  c.buffer.size = 84                   # N
+  c.buffer.batch_size = 60             # B
+  c.trainer.num_devices = 3            # T
+  c.trainer.learning_rate = learning_rate
+  c.trainer.num_microbatches = num_microbatches
+  c.scheduler.kind = "async"
+  c.scheduler.mu = mu
+  c.eval.every = 50
+  c.checkpoint.every = 50
+  return c

@@ -26,6 +26,7 @@ import optax
 
 from jaxreplay import models
 from jaxreplay import tasks
+from jaxreplay.setup import make_task
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)
@@ -34,16 +35,6 @@ _STEPS = flags.DEFINE_integer("sft_steps", 400, "Gradient steps.")
 _BATCH = flags.DEFINE_integer("sft_batch", 128, "Examples per step.")
 _LR = flags.DEFINE_float("sft_lr", 3e-3, "Adam learning rate.")
 _SEED = flags.DEFINE_integer("sft_seed", 0, "Initialisation and data seed.")
-
-
-def make_task(config):
-  """The config's task (`config.task`), as the RL pipeline builds it."""
-  t = config.task
-  if t.name == "arithmetic":
-    return tasks.ArithmeticTask(num_digits=tuple(t.num_digits), ops=t.ops, seed=0,
-                                reward_timeout_s=t.reward_timeout_s)
-  return tasks.make_task("math", path=t.path, problem_key=t.problem_key, answer_key=t.answer_key,
-                         template=t.template)
 
 
 def encode_examples(codec, pairs, seq_len: int):
