@@ -132,6 +132,18 @@ def test_vllm_backend_end_to_end(tmp_path):
   assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
 
 
+def test_vllm_async_worker_processes(tmp_path):
+  """W=2 vLLM engine processes next to the trainer: stale batches, refreshed weights, agreement."""
+  require("vllm")
+  workdir = str(tmp_path / "vllm_async")
+  run_launch(workdir, "--config.rollout.backend=vllm", "--config.scheduler.kind=async",
+             "--config.rollout.num_workers=2", "--config.eval.every=0")
+  rows = read_rows(workdir)
+  check_common(rows)
+  assert max(r.get("buffer/staleness_mean", 0) for r in rows) > 0
+  assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
+
+
 def test_bad_config_fails_fast_with_a_fix(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   proc = subprocess.run(launch_cmd(str(tmp_path / "bad"), "--config.buffer.batch_size=512"),
