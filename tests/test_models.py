@@ -16,8 +16,9 @@ torch = require("torch")
 transformers = require("transformers")
 
 apply = jax.jit(transformer.apply, static_argnums=0)
-prefill = jax.jit(decode.prefill, static_argnums=0)
-decode_step = jax.jit(decode.decode_step, static_argnums=0)
+# The sampler donates the cache: the tests do too (k and v must be distinct buffers).
+prefill = jax.jit(decode.prefill, static_argnums=0, donate_argnums=4)
+decode_step = jax.jit(decode.decode_step, static_argnums=0, donate_argnums=3)
 
 _LLAMA3 = tuple(sorted({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}.items()))
@@ -308,6 +309,8 @@ def test_token_logprobs_errors():
     logprobs.token_logprobs(cfg, params, tokens, tokens, chunk_size=0)
   with pytest.raises(ValueError, match="targets shape"):
     logprobs.token_logprobs(cfg, params, tokens, tokens[:, :3])
+  with pytest.raises(ValueError, match="positions has shape"):
+    transformer.apply(cfg, params, tokens, positions=jnp.zeros((1, 3), jnp.int32))
 
 
 # ---- remat --------------------------------------------------------------------------------------
@@ -328,7 +331,7 @@ def test_remat_same_logits():
 
 def test_param_tree_layout():
   cfg = presets.tiny()
-  params = transformer.init_params(cfg, jax.random.key(0))
+  params = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
   assert set(params) == {"embed_tokens", "layers", "norm"}  # tied: no lm_head
   assert set(params["layers"]) == {
       "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
@@ -336,7 +339,12 @@ def test_param_tree_layout():
   chex.assert_shape(params["layers"]["q_proj"], (2, 128, 4 * 32))
   chex.assert_shape(params["layers"]["k_norm"], (2, 32))
   qwen2 = transformer.init_params(CONFIGS["qwen2_untied_bias"], jax.random.key(0))
+  np.testing.assert_array_equal(qwen2["layers"]["input_layernorm"], 1.0)
+  np.testing.assert_array_equal(qwen2["layers"]["q_bias"], 0.0)
+  assert 0.015 < float(jnp.std(qwen2["layers"]["q_proj"])) < 0.025  # initializer_range 0.02
   assert {"q_bias", "k_bias", "v_bias"} <= set(qwen2["layers"])
   assert "q_norm" not in qwen2["layers"] and qwen2["lm_head"].shape == (64, 101)
   with pytest.raises(ValueError, match="o_proj bias"):
     transformer.init_params(small("llama", attention_bias=True), jax.random.key(0))
+  for c in [presets.tiny(), *CONFIGS.values()]:  # one layout with the HF name table
+    assert transformer.param_shapes(c) == hf_io.param_shapes(c)

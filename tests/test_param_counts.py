@@ -1,30 +1,41 @@
-"""Parameter counts of the real architectures, from shapes alone (no weights allocated).
-
-jax.eval_shape of init_params for each preset must give exactly the count transformers reports for
-the same config, built on torch's meta device.
-"""
-import math
-
+"""Parameter counts of the presets: our pytree (shapes only) == transformers (meta device) ==
+`ModelConfig.num_params()`. No weights are allocated."""
 import jax
+import numpy as np
 import pytest
 
 from conftest import require
-from jaxreplay import models
+from jaxreplay.models import presets, transformer
 
-PRESETS = ("qwen3_0_6b", "qwen3_8b", "qwen2_5_7b", "llama3_2_3b")
+torch = require("torch")
+transformers = require("transformers")
+
+# Published sizes (HF model cards / config.json): a guard against a preset drifting on both sides.
+PUBLISHED = {"qwen3_0_6b": 596_049_920, "qwen3_8b": 8_190_735_360, "qwen2_5_7b": 7_615_616_512,
+             "llama3_2_3b": 3_212_749_824}
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_param_count_matches_transformers(name):
-  torch = require("torch")
-  transformers = require("transformers")
-  cfg = models.presets.PRESETS[name]()
-  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
-  ours = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
-  hf_cfg = transformers.AutoConfig.for_model(**cfg.to_hf_dict())
+def hf_count(cfg) -> int:
+  d = cfg.to_hf_dict()
+  hf_cfg = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
   with torch.device("meta"):
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
-  unique = {id(p): p.numel() for p in model.parameters()}  # tied weights count once
-  theirs = sum(unique.values())
-  assert ours == theirs, (name, ours, theirs)
-  assert ours == cfg.num_params()
+  assert type(model).__name__ == cfg.architecture
+  unique = {}  # tied embeddings: lm_head.weight is embed_tokens.weight, counted once
+  for _, p in model.named_parameters(remove_duplicate=False):
+    assert p.is_meta
+    unique[id(p)] = p.numel()
+  return sum(unique.values())
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED) + ["tiny"])
+def test_param_count_matches_transformers(name):
+  cfg = presets.PRESETS[name]()
+  shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+  leaves = jax.tree.leaves(shapes)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+  ours = sum(int(np.prod(x.shape)) for x in leaves)
+  assert ours == hf_count(cfg) == cfg.num_params()
+  if name in PUBLISHED:
+    assert ours == PUBLISHED[name]
+  assert ("lm_head" in shapes) == (not cfg.tie_word_embeddings)

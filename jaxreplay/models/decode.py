@@ -31,8 +31,9 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
   if batch_size < 1 or max_len < 1:
     raise ValueError(f"batch_size={batch_size} and max_len={max_len} must both be >= 1")
   shape = (cfg.num_hidden_layers, batch_size, max_len, cfg.num_key_value_heads, cfg.head_dim)
-  zeros = jnp.zeros(shape, cfg.compute_dtype)
-  return KVCache(k=zeros, v=zeros, lengths=jnp.zeros((batch_size,), jnp.int32))
+  # Two separate buffers (not one shared zeros array), so that the cache can be donated to jit.
+  return KVCache(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype),
+                 lengths=jnp.zeros((batch_size,), jnp.int32))
 
 
 def _check_cache(cfg: ModelConfig, cache: KVCache, batch_size: int, what: str) -> None:

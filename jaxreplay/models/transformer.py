@@ -219,6 +219,9 @@ def _defaults(tokens, positions, segment_ids):
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   if segment_ids is None:
     segment_ids = jnp.ones((b, t), jnp.int32)
+  for name, x in (("positions", positions), ("segment_ids", segment_ids)):
+    if x.shape != (b, t):
+      raise ValueError(f"{name} has shape {x.shape}, expected the tokens' shape {(b, t)}")
   return positions, segment_ids
 
 
