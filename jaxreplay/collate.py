@@ -73,8 +73,8 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
     return b._replace(tokens=np.full_like(b.tokens, pad_id), targets=np.full_like(b.targets, pad_id))
   prompts = [r.prompt_tokens for r in rollouts]
   completions = [r.completion_tokens for r in rollouts]
-  lp = np.fromiter((p.shape[0] for p in prompts), np.int64, n)
-  lc = np.fromiter((c.shape[0] for c in completions), np.int64, n)
+  lp = np.fromiter((p.shape[0] for p in prompts), np.int32, n)  # int32 like `t`: no casts
+  lc = np.fromiter((c.shape[0] for c in completions), np.int32, n)
   if lp.min() < 1 or lc.min() < 1:
     raise ValueError("every rollout needs at least one prompt and one completion token")
   length = lp + lc
@@ -85,12 +85,15 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
   seqs[0::2], seqs[1::2] = prompts, completions
   flat_tokens = np.concatenate(seqs)
   flat_logprobs = np.concatenate([r.logprobs for r in rollouts])
-  if flat_logprobs.shape[0] != int(lc.sum()):
+  if flat_logprobs.shape[0] != int(lc.sum(dtype=np.int64)):
     raise ValueError("a rollout's logprobs length differs from its completion length")
 
   t = np.arange(seq_len, dtype=np.int32)[None, :]
   valid = t < length[:, None]                                       # [n, T]
-  in_completion = (t >= (lp - 1)[:, None]) & (t < (length - 1)[:, None])
+  # Positions Lp-1 .. L-2 predict completion tokens; t < L-1 is valid[:, t + 1].
+  in_completion = t >= (lp - 1)[:, None]
+  in_completion[:, :-1] &= valid[:, 1:]
+  in_completion[:, -1] = False
 
   tokens = np.full((rows, seq_len), pad_id, np.int32)
   tokens[:n][valid] = flat_tokens
@@ -98,7 +101,7 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
   targets[:, :-1] = tokens[:, 1:]
   targets[:, -1] = pad_id
   positions = np.zeros((rows, seq_len), np.int32)
-  positions[:n] = np.where(valid, t, 0)
+  np.multiply(t, valid, out=positions[:n])
   segment_ids = np.zeros((rows, seq_len), np.int32)
   segment_ids[:n] = valid
   completion_mask = np.zeros((rows, seq_len), np.float32)

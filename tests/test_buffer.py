@@ -302,7 +302,7 @@ def _run_threads(buf, n_producers, n_consumers, per_producer, batch_size):
           continue
         with lock:
           sampled.append(uids(batch))
-        if producers_done.is_set():  # a replay buffer never runs dry: stop once producers are done
+        if producers_done.is_set() and not buf.consume:  # a replay buffer never runs dry
           return
     except Exception as e:  # pylint: disable=broad-except
       errors.append(e)
@@ -421,6 +421,8 @@ def test_metrics_after_a_known_schedule():
       st = buf.last_batch_stats
       assert st["uids"].tolist() == uids(batch)
       assert st["use_counts"].tolist() == [x.use_count for x in batch]
+      assert st["use_count_mean"] == pytest.approx(np.mean([x.use_count for x in batch]))
+      assert st["use_count_max"] == max(x.use_count for x in batch)
       chex.assert_trees_all_equal(st["staleness"], step - np.array([x.policy_version for x in batch]))
       staleness.append(st["staleness_mean"])
   m = buf.metrics(current_version=steps)
