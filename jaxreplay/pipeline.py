@@ -127,7 +127,7 @@ class Pipeline:
     stats = p.buffer.last_batch_stats or {}
     self._step_metrics = dict(step_metrics)
     self._step_metrics["batch/reward_mean"] = float(np.mean([r.reward for r in rollouts]))
-    for key in ("staleness_mean", "staleness_max", "use_count_mean"):
+    for key in ("staleness_mean", "staleness_max"):
       if key in stats:
         self._step_metrics[f"buffer/{key}"] = float(stats[key])
     self._step_metrics["time/virtual"] = float(now)

@@ -37,7 +37,7 @@ def is_heldout(text: str, heldout_fraction: float, seed: int = 0) -> bool:
   return (h % 1_000_003) < heldout_fraction * 1_000_003
 
 
-class ArithmeticTask:
+class ArithmeticTask(rewards_lib.SafeScoring):
   """Problems "a<op>b=" with each operand of `num_digits` digits (a (lo, hi) range, inclusive).
 
   Args:
@@ -142,13 +142,3 @@ class ArithmeticTask:
   def reward(self, completion: str, problem: Problem) -> float:
     """1.0 when the completion's first line, stripped, is exactly the answer; else 0.0."""
     return rewards_lib.exact_match_reward(completion, problem.answer)
-
-  def score_batch(self, completions: Sequence[str], problems: Sequence[Problem]) -> np.ndarray:
-    """float32 [N] time-limited rewards (errors and timeouts score 0 and are counted)."""
-    return self._safe.score_batch(completions, [p.answer for p in problems])
-
-  def reward_metrics(self) -> dict[str, int]:
-    return self._safe.counts
-
-  def close(self) -> None:
-    self._safe.close()

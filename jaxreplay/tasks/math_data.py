@@ -117,7 +117,7 @@ def split_heldout(problems: Sequence[Problem], heldout_fraction: float = 0.05,
   return train, heldout
 
 
-class MathTask:
+class MathTask(rewards_lib.SafeScoring):
   """A math dataset task: uniform sampling of training problems, a fixed eval set, math-verify reward.
 
   Args:
@@ -186,13 +186,3 @@ class MathTask:
   def reward(self, completion: str, problem: Problem) -> float:
     """Time-limited math-verify reward of one completion (0.0 on error or timeout)."""
     return self._safe(completion, problem.answer)
-
-  def score_batch(self, completions: Sequence[str], problems: Sequence[Problem]) -> np.ndarray:
-    """float32 [N] time-limited math-verify rewards."""
-    return self._safe.score_batch(completions, [p.answer for p in problems])
-
-  def reward_metrics(self) -> dict[str, int]:
-    return self._safe.counts
-
-  def close(self) -> None:
-    self._safe.close()

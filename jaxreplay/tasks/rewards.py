@@ -342,3 +342,20 @@ class SafeReward:
       self.close()
     except Exception:  # pylint: disable=broad-except
       pass
+
+
+class SafeScoring:
+  """The scoring half of the task interface, for a task holding a `SafeReward` in `self._safe`
+  whose function takes (completion, answer)."""
+
+  _safe: SafeReward
+
+  def score_batch(self, completions: Sequence[str], problems: Sequence[Any]) -> np.ndarray:
+    """float32 [N] time-limited rewards (errors and timeouts score 0 and are counted)."""
+    return self._safe.score_batch(completions, [p.answer for p in problems])
+
+  def reward_metrics(self) -> dict[str, int]:
+    return self._safe.counts
+
+  def close(self) -> None:
+    self._safe.close()
