@@ -35,6 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
+                                   # | auto (vllm when installed, else jax)
   c.rollout.num_workers = 1        # W
   c.rollout.group_size = 16        # G completions per prompt
   c.rollout.prompts_per_request = 4
@@ -92,6 +93,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.every = 20          # steps
   c.checkpoint.keep = 2
   c.export_hf_every = 0            # steps between DIR/hf exports; 0 = at checkpoints and the end
+
+  c.sft = ml_collections.ConfigDict()  # supervised warm-start (`python -m jaxreplay.sft`)
+  c.sft.steps = 400                # gradient steps
+  c.sft.batch = 128                # examples per step
+  c.sft.learning_rate = 3e-3       # Adam peak (20 warmup steps, cosine to 10%)
+  c.sft.seed = 0
+  c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry
 
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0

@@ -327,6 +327,9 @@ class _NoTask:
 def run(config, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics."""
   os.makedirs(workdir, exist_ok=True)
+  from jaxreplay.setup import resolve_backend, validate_config  # pylint: disable=g-import-not-at-top
+  validate_config(config)
+  resolve_backend(config)  # run_config.json records the backend actually used
   with open(os.path.join(workdir, "run_config.json"), "w") as f:
     json.dump(config.to_dict(), f, indent=1, default=str)
   return Pipeline(config, workdir).run()

@@ -30,7 +30,7 @@ from jaxreplay import trainer
 from jaxreplay.experience import PromptSource, make_advantage_fn
 from jaxreplay.rollout.jax_sampler import JaxSampler
 
-BACKENDS = ("jax", "vllm")
+BACKENDS = ("jax", "vllm", "auto")
 SCHEDULES = ("simulated", "async")
 
 
@@ -162,8 +162,18 @@ def _load_tokenizer(c, task, workdir: str):
   return tasks.load_tokenizer(tok_dir), tok_dir
 
 
+def resolve_backend(c) -> str:
+  """Sets rollout.backend="auto" to "vllm" when vLLM is installed, else "jax"; returns it."""
+  if c.rollout.backend == "auto":
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
+    logging.info("rollout.backend=auto -> %s", c.rollout.backend)
+  return c.rollout.backend
+
+
 def build(c, workdir: str) -> Parts:
   validate_config(c)
+  resolve_backend(c)
   from jaxreplay import workers as workers_lib  # pylint: disable=g-import-not-at-top
   if c.rollout.backend == "vllm":
     workers_lib.check_vllm_available()

@@ -3,11 +3,12 @@ r"""Supervised warm-start: RL needs a policy that is sometimes right.
   python -m jaxreplay.sft --config=configs/tiny.py --out=assets/tiny-arith-sft
 
 trains the config's model preset from random weights on the config's task with cross-entropy on the
-answer tokens (+ eos), then writes an HF model directory (weights, config.json, tokenizer) that the
+answer tokens (+ eos), with the settings of `config.sft` (steps, batch, learning_rate, seed,
+carry_drop; the `--sft_*` flags override them), then writes an HF model directory (weights, config.json, tokenizer) that the
 RL run starts from (`config.model.path`). Greedy held-out accuracy is measured by teacher forcing:
 greedy decoding produces exactly answer + eos iff every answer token is the argmax given the right
 prefix, so the fraction of problems where all answer tokens are argmax IS greedy exact-match accuracy.
-The tiny default ships the result of this command with the defaults below (a few hundred kB).
+The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB).
 """
 from __future__ import annotations
 
@@ -31,10 +32,18 @@ from jaxreplay.setup import make_task
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Output HF model directory.")
-_STEPS = flags.DEFINE_integer("sft_steps", 400, "Gradient steps.")
-_BATCH = flags.DEFINE_integer("sft_batch", 128, "Examples per step.")
-_LR = flags.DEFINE_float("sft_lr", 3e-3, "Adam learning rate.")
-_SEED = flags.DEFINE_integer("sft_seed", 0, "Initialisation and data seed.")
+# Each flag overrides its config.sft key when given (the same as --config.sft.<key>=...).
+_STEPS = flags.DEFINE_integer("sft_steps", None, "Gradient steps (config.sft.steps).")
+_BATCH = flags.DEFINE_integer("sft_batch", None, "Examples per step (config.sft.batch).")
+_LR = flags.DEFINE_float("sft_lr", None, "Adam learning rate (config.sft.learning_rate).")
+_SEED = flags.DEFINE_integer("sft_seed", None, "Initialisation and data seed (config.sft.seed).")
+_CARRY_DROP = flags.DEFINE_float(
+    "sft_carry_drop", None, "Arithmetic: probability that a demonstration needing a carry drops "
+    "every carry (noisy demonstrations; RL then fixes the error) (config.sft.carry_drop).")
+
+
+def _setting(flag, value):
+  return value if flag.value is None else flag.value
 
 
 def encode_examples(codec, pairs, seq_len: int):
@@ -65,7 +74,7 @@ def encode_examples(codec, pairs, seq_len: int):
 
 
 def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: int,
-              seq_len: int, log_every: int = 50):
+              seq_len: int, log_every: int = 50, carry_drop: float = 0.0):
   """Returns (params, {"sft/greedy_accuracy": held-out greedy exact match, ...})."""
   params = models.init_params(model_cfg, jax.random.PRNGKey(seed))
   opt = optax.chain(optax.clip_by_global_norm(1.0),
@@ -90,7 +99,8 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
     hit = (jnp.argmax(logits, -1) == targets) | (mask == 0)
     return jnp.all(hit, axis=1)
 
-  examples = task.sft_examples(steps * batch, seed=seed)
+  examples = (task.sft_examples(steps * batch, seed=seed, carry_drop=carry_drop) if carry_drop
+              else task.sft_examples(steps * batch, seed=seed))
   t0 = time.time()
   for i in range(steps):
     pairs = [next(examples) for _ in range(batch)]
@@ -110,6 +120,9 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
 def main(argv):
   del argv
   config = _CONFIG.value
+  if _setting(_CARRY_DROP, config.sft.carry_drop) and config.task.name != "arithmetic":
+    raise ValueError("sft carry_drop applies to task.name='arithmetic' only; set "
+                     "--config.sft.carry_drop=0")
   task = make_task(config)
   with tempfile.TemporaryDirectory() as tok_dir:
     tasks.build_char_tokenizer(task.charset, tok_dir)
@@ -117,9 +130,12 @@ def main(argv):
     model_cfg = models.presets.PRESETS[config.model.preset](
         vocab_size=codec.vocab_size, bos_token_id=codec.bos_id, eos_token_id=codec.eos_id,
         pad_token_id=codec.pad_id)
-    seq_len = 32
-    params, stats = train_sft(model_cfg, codec, task, _STEPS.value, _BATCH.value, _LR.value,
-                              _SEED.value, seq_len)
+    seq_len = config.model.max_len
+    s = config.sft
+    params, stats = train_sft(model_cfg, codec, task, _setting(_STEPS, s.steps),
+                              _setting(_BATCH, s.batch), _setting(_LR, s.learning_rate),
+                              _setting(_SEED, s.seed), seq_len,
+                              carry_drop=_setting(_CARRY_DROP, s.carry_drop))
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     models.save_hf(model_cfg, params, _OUT.value, tokenizer_dir=tok_dir)
   logging.info("wrote %s: %s", _OUT.value, stats)

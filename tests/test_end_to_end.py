@@ -24,6 +24,7 @@ SHORT = [
     "--config.eval.n_samples=4", "--config.eval.ks=(1,2,4)", "--config.checkpoint.every=2",
     "--config.buffer.size=128", "--config.buffer.batch_size=32", "--config.rollout.group_size=4",
     "--config.rollout.prompts_per_request=4", "--config.log.every_s=1",
+    "--config.rollout.backend=jax",  # tiny.py says auto; the vLLM tests below override this
 ]
 
 
@@ -153,3 +154,19 @@ def test_bad_config_fails_fast_with_a_fix(tmp_path):
   proc = subprocess.run(launch_cmd(str(tmp_path / "bad2"), "--config.buffer.sizee=3"),
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
   assert proc.returncode != 0 and "sizee" in proc.stderr
+
+
+def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
+  import importlib.util
+  from jaxreplay import setup
+  from jaxreplay.config_defaults import base_config
+  real = importlib.util.find_spec
+  for installed, expect in ((True, "vllm"), (False, "jax")):
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, _i=installed: (real("json") if _i else None)
+                        if name == "vllm" else real(name, *a))
+    c = base_config()
+    c.rollout.backend = "auto"
+    assert setup.resolve_backend(c) == expect and c.rollout.backend == expect
+  c.rollout.backend = "jax"
+  assert setup.resolve_backend(c) == "jax"

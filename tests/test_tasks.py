@@ -159,6 +159,39 @@ def test_arithmetic_sft_examples():
 # ---- math datasets --------------------------------------------------------------------------
 
 
+def test_carry_free_sum_against_digitwise_reference():
+  rng = np.random.default_rng(0)
+  for a, b in [(47, 38), (57, 68), (50, 50), (12, 7), (0, 0), (99, 1), *rng.integers(0, 10**4, (200, 2))]:
+    a, b = int(a), int(b)
+    da, db = str(a).zfill(6), str(b).zfill(6)
+    expect = str(int("".join(str((int(x) + int(y)) % 10) for x, y in zip(da, db))))
+    assert arithmetic.carry_free_sum(a, b) == expect
+    no_carry = all(int(x) + int(y) < 10 for x, y in zip(da, db))
+    assert (arithmetic.carry_free_sum(a, b) == str(a + b)) == no_carry
+  with pytest.raises(ValueError, match="non-negative"):
+    arithmetic.carry_free_sum(-1, 2)
+
+
+def test_arithmetic_sft_examples_carry_drop():
+  task = arithmetic.ArithmeticTask(num_digits=(1, 2), ops="+")
+  clean = list(task.sft_examples(3000, seed=1))
+  noisy = list(task.sft_examples(3000, seed=1, carry_drop=0.5))
+  assert [p for p, _ in clean] == [p for p, _ in noisy]          # same prompts, only targets differ
+  carries = wrong = 0
+  for (prompt, answer), (_, target) in zip(clean, noisy):
+    a, b = (int(x) for x in prompt[:-1].split("+"))
+    assert answer == str(a + b)
+    has_carry = arithmetic.carry_free_sum(a, b) != answer
+    carries += has_carry
+    if target != answer:
+      wrong += 1
+      assert has_carry and target == arithmetic.carry_free_sum(a, b)
+  assert 0.45 < wrong / carries < 0.55                            # binomial sd ~0.012 here
+  assert all(t == a for (_, a), (_, t) in zip(clean, task.sft_examples(3000, seed=1, carry_drop=0.0)))
+  with pytest.raises(ValueError, match="carry_drop"):
+    next(task.sft_examples(1, carry_drop=1.5))
+
+
 def _write_jsonl(path, rows):
   with open(path, "w") as f:
     for r in rows:

@@ -37,6 +37,18 @@ def is_heldout(text: str, heldout_fraction: float, seed: int = 0) -> bool:
   return (h % 1_000_003) < heldout_fraction * 1_000_003
 
 
+def carry_free_sum(a: int, b: int) -> str:
+  """a + b with every carry dropped (digit-wise sums mod 10), as text: carry_free_sum(47, 38) = "75",
+  carry_free_sum(57, 68) = "15". Equal to str(a + b) exactly when the addition has no carry."""
+  if a < 0 or b < 0:
+    raise ValueError(f"carry_free_sum needs non-negative operands, got {a}, {b}")
+  digits, place = 0, 1
+  while a or b:
+    digits += ((a % 10 + b % 10) % 10) * place
+    a, b, place = a // 10, b // 10, place * 10
+  return str(digits)
+
+
 class ArithmeticTask(rewards_lib.SafeScoring):
   """Problems "a<op>b=" with each operand of `num_digits` digits (a (lo, hi) range, inclusive).
 
@@ -131,13 +143,29 @@ class ArithmeticTask(rewards_lib.SafeScoring):
                        "for fewer or widen num_digits")
     return list(seen.values())
 
-  def sft_examples(self, n: int, seed: Optional[int] = None) -> Iterator[tuple[str, str]]:
+  def sft_examples(self, n: int, seed: Optional[int] = None,
+                   carry_drop: float = 0.0) -> Iterator[tuple[str, str]]:
     """`n` (prompt, target) training pairs for a supervised warm-start (target = the answer; the
-    caller appends the eos token)."""
+    caller appends the eos token).
+
+    carry_drop: probability that an addition whose answer needs a carry is demonstrated with the
+      classic error of dropping every carry (`carry_free_sum`, e.g. "47+38=" -> "75"): noisy
+      demonstrations give a policy that is sometimes right, which RL with the exact-match reward
+      then corrects. Other operators are unaffected.
+    """
+    if not 0.0 <= carry_drop <= 1.0:
+      raise ValueError(f"carry_drop={carry_drop} must be in [0, 1]")
     rng = np.random.default_rng([self.seed if seed is None else seed, 0x5F7])
+    noise = np.random.default_rng([self.seed if seed is None else seed, 0xCA77])
     for _ in range(n):
       p = self._draw(rng, heldout=False)
-      yield p.prompt, p.answer
+      answer = p.answer
+      if carry_drop > 0 and "+" in p.prompt:
+        a, b = (int(x) for x in p.prompt.rstrip("=").split("+"))
+        wrong = carry_free_sum(a, b)
+        if wrong != answer and noise.random() < carry_drop:
+          answer = wrong
+      yield p.prompt, answer
 
   def reward(self, completion: str, problem: Problem) -> float:
     """1.0 when the completion's first line, stripped, is exactly the answer; else 0.0."""
