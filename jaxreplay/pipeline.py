@@ -255,6 +255,8 @@ class Pipeline:
     row["time/wall_s"] = time.monotonic() - self._t_start
     row.update(self.mismatch)
     row.update({k: float(v) for k, v in p.task.reward_metrics().items()})
+    if p.workers is not None:
+      row.update(p.workers.pool_metrics())
     return row
 
   # ---- checkpoints ------------------------------------------------------------------------

@@ -119,6 +119,15 @@ class RolloutWorkers:
       pipeline.pool_metrics = self._pool.metrics()
     self._pool.raise_if_failed()
 
+  def pool_metrics(self) -> dict[str, float]:
+    """The async pool's counters as metrics ("pool/restarts", ...); {} without a pool."""
+    if self._pool is None:
+      return {}
+    m = self._pool.metrics()
+    keys = ("requests", "completions", "tokens", "restarts", "failed_starts", "dropped",
+            "refreshes", "tokens_per_second", "live_threads")
+    return {f"pool/{k}": float(m[k]) for k in keys}
+
   def close(self) -> None:
     if self._local is not None:
       self._local.close()

@@ -133,14 +133,56 @@ def test_vllm_backend_end_to_end(tmp_path):
   assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
 
 
+def _spawned_children(pid: int) -> list[int]:
+  """pids of the multiprocessing-spawned children of `pid` (the vLLM worker processes)."""
+  out = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        cmd = f.read()
+    except (OSError, ValueError, IndexError):
+      continue
+    if ppid == pid and b"spawn_main" in cmd:
+      out.append(int(entry))
+  return sorted(out)
+
+
 def test_vllm_async_worker_processes(tmp_path):
-  """W=2 vLLM engine processes next to the trainer: stale batches, refreshed weights, agreement."""
+  """W=2 vLLM engine processes next to the trainer: stale batches, refreshed weights, agreement;
+  one engine process killed with SIGKILL mid-run is replaced and the run finishes."""
   require("vllm")
   workdir = str(tmp_path / "vllm_async")
-  run_launch(workdir, "--config.rollout.backend=vllm", "--config.scheduler.kind=async",
-             "--config.rollout.num_workers=2", "--config.eval.every=0")
+  total = 12
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(
+      launch_cmd(workdir, "--config.rollout.backend=vllm", "--config.scheduler.kind=async",
+                 "--config.rollout.num_workers=2", "--config.eval.every=0",
+                 f"--config.total_steps={total}", f"--config.checkpoint.every={total}"),
+      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline, killed = time.time() + 400, None
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    while time.time() < deadline and proc.poll() is None and killed is None:
+      time.sleep(0.5)
+      if os.path.exists(metrics) and len(read_rows(workdir)) >= 3:
+        children = _spawned_children(proc.pid)
+        if len(children) >= 2:
+          killed = children[0]
+          os.kill(killed, signal.SIGKILL)
+    assert killed is not None, "the run ended or stalled before two vLLM workers were seen"
+    _, stderr = proc.communicate(timeout=400)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 0, stderr[-4000:]
+  assert f"vLLM worker pid {killed} died" in stderr
   rows = read_rows(workdir)
-  check_common(rows)
+  check_common(rows, total=total)
+  assert rows[-1]["pool/restarts"] >= 1
   assert max(r.get("buffer/staleness_mean", 0) for r in rows) > 0
   assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
 

@@ -14,6 +14,7 @@ other exception (from a worker, the source or the sink) is a bug: the pool stops
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -121,8 +122,8 @@ class _WorkerRunner:
       return True
     try:
       self.worker.update_weights(*target)
-    except WorkerDied:
-      self._replace()
+    except WorkerDied as e:
+      self._replace(e)
       return False
     self.refreshes += 1
     return True
@@ -135,7 +136,7 @@ class _WorkerRunner:
       groups = self.worker.generate(batch.prompts, batch.n, batch.sampling)
     except WorkerDied as e:
       self._drop(batch, e)
-      self._replace()
+      self._replace(e)
       return
     seconds = time.perf_counter() - start
     _check_groups(groups, batch, version)
@@ -157,8 +158,11 @@ class _WorkerRunner:
     if self.pool.on_drop is not None:
       self.pool.on_drop(batch, reason)
 
-  def _replace(self) -> None:
+  def _replace(self, reason: BaseException) -> None:
     worker, self.worker = self.worker, None
+    if not self.pool.stopping:
+      logging.getLogger(__name__).warning("rollout worker %d: %s; starting a replacement",
+                                          self.index, reason)
     if worker is not None:
       _close_quietly(worker)
     if self.pool.stopping:
