@@ -40,8 +40,12 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     import jax  # pylint: disable=g-import-not-at-top
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # CPU collectives across processes need gloo
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    logging.info("trainer process %d/%d: %d local, %d global devices", jax.process_index(),
+                 jax.process_count(), jax.local_device_count(), jax.device_count())
   from jaxreplay import pipeline  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   logging.info("workdir: %s", workdir)

@@ -80,10 +80,16 @@ class MetricsWriter:
     tensorboard: write TensorBoard events too.
   """
 
-  def __init__(self, workdir: str, resume_step: Optional[int] = None, tensorboard: bool = True):
-    os.makedirs(workdir, exist_ok=True)
+  def __init__(self, workdir: str, resume_step: Optional[int] = None, tensorboard: bool = True,
+               enabled: bool = True):
     self.workdir = workdir
     self.path = os.path.join(workdir, METRICS_FILE)
+    self.enabled = enabled
+    self._file = None
+    self._tb = None
+    if not enabled:  # a non-primary trainer process: rows are formed but not written
+      return
+    os.makedirs(workdir, exist_ok=True)
     if resume_step is not None:
       self.truncate_after(resume_step)
     self._file = open(self.path, "a", encoding="utf-8")
@@ -96,6 +102,8 @@ class MetricsWriter:
   def truncate_after(self, step: int) -> int:
     """Drops rows with step > `step` (and malformed lines) from metrics.jsonl, atomically.
     Returns the number of rows kept."""
+    if not self.enabled:
+      return 0
     if getattr(self, "_file", None) is not None:
       self._file.flush()
     if not os.path.isfile(self.path):
@@ -118,6 +126,8 @@ class MetricsWriter:
     row = {"step": int(step)}
     for k, v in metrics.items():
       row[str(k)] = to_python(v)
+    if not self.enabled:
+      return row
     self._file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
     self._file.flush()
     if self._tb is not None:
@@ -127,7 +137,8 @@ class MetricsWriter:
     return row
 
   def flush(self) -> None:
-    self._file.flush()
+    if self._file is not None:
+      self._file.flush()
     if self._tb is not None:
       self._tb.flush()
 

@@ -33,6 +33,7 @@ from jaxreplay import metrics as metrics_lib
 from jaxreplay import models
 from jaxreplay import schedulers
 from jaxreplay import setup as setup_lib
+from jaxreplay import sharding
 from jaxreplay.experience import groups_to_rollouts
 from jaxreplay.rollout.base import SamplingParams
 
@@ -116,6 +117,10 @@ class Pipeline:
       fresh = batch.policy_version == self.step
       if fresh.any() and self.step % max(c.log.mismatch_every, 1) == 0:
         self._mismatch_on_batch(batch, fresh)
+    if jax.process_count() > 1:  # lockstep host pipelines: cheap check that they still agree
+      sharding.assert_same_on_all_processes(
+          np.array([self.step, batch.tokens.sum(), batch.tokens.shape[1],
+                    int(np.round(batch.advantages.sum() * 1e4))], np.int64), "the training batch")
     p.state, step_metrics = p.train_step(p.state, batch)
     step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
     t3 = time.perf_counter()
@@ -214,7 +219,7 @@ class Pipeline:
 
   def _mismatch_on_batch(self, batch, rows: np.ndarray) -> None:
     p = self.parts
-    trainer_lp = np.asarray(jax.device_get(p.logprob_fn(p.state.params, batch)))
+    trainer_lp = np.asarray(sharding.host_local(p.logprob_fn(p.state.params, batch)))
     mask = (batch.completion_mask > 0) & rows[:, None]
     if not mask.any():
       return
@@ -226,7 +231,7 @@ class Pipeline:
 
   def evaluate(self) -> dict[str, float]:
     p, c = self.parts, self.config
-    p.eval_sampler.set_params(p.state.params, self.step)
+    p.eval_sampler.set_params(sharding.host_local(p.state.params), self.step)
     return evaluation.evaluate(
         p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=c.eval.n_samples,
         ks=tuple(c.eval.ks), temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
@@ -273,8 +278,10 @@ class Pipeline:
       return
     p.checkpointer.save(self.step, p.state, self.host_state())
     p.checkpointer.wait()
-    models.save_hf(p.model_cfg, jax.device_get(p.state.params), os.path.join(self.workdir, "hf"),
-                   tokenizer_dir=p.tokenizer_dir)
+    params = sharding.host_local(p.state.params)  # collective when multi-process
+    if jax.process_index() == 0:
+      models.save_hf(p.model_cfg, params, os.path.join(self.workdir, "hf"),
+                     tokenizer_dir=p.tokenizer_dir)
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
     p = self.parts
@@ -332,6 +339,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   from jaxreplay.setup import resolve_backend, validate_config  # pylint: disable=g-import-not-at-top
   validate_config(config)
   resolve_backend(config)  # run_config.json records the backend actually used
-  with open(os.path.join(workdir, "run_config.json"), "w") as f:
-    json.dump(config.to_dict(), f, indent=1, default=str)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "run_config.json"), "w") as f:
+      json.dump(config.to_dict(), f, indent=1, default=str)
   return Pipeline(config, workdir).run()

@@ -68,6 +68,10 @@ def validate_config(c) -> None:
   if c.task.name == "math" and not c.task.path:
     errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
                   "answer fields>")
+  if jax.process_count() > 1 and c.scheduler.kind != "simulated":
+    errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
+                  "processes: multi-process trainers run every process's host pipeline in "
+                  "lockstep, which needs scheduler.kind='simulated' (or run one trainer process)")
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -236,10 +240,11 @@ def build(c, workdir: str) -> Parts:
                                 consume=c.buffer.on_policy)
   accountant = accounting.ComputeAccountant(c.rollout.num_workers, c.trainer.num_devices,
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
+                                     enabled=jax.process_index() == 0)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
-  eval_sampler = JaxSampler(model_cfg, state.params, c.model.max_len,
+  eval_sampler = JaxSampler(model_cfg, sharding.host_local(state.params), c.model.max_len,
                             batch_size=c.rollout.sampler_batch_size,
                             eos_token_ids=codec.stop_ids, seed=c.seed + 1)
   gen_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step / c.buffer.batch_size)

@@ -174,6 +174,42 @@ def batch_shardings(mesh: Mesh, batch: Any) -> Any:
   return jax.tree_util.tree_map_with_path(one, batch)
 
 
+def global_batch(batch: Any, mesh: Mesh) -> Any:
+  """A host batch as global arrays on `mesh` (rows over ("data", "fsdp")).
+
+  Single-process: returned as is (jit places numpy inputs itself). Multi-process (jax.distributed):
+  every process holds the same full batch; each builds its addressable row slices with
+  `jax.make_array_from_callback`, which is what a jitted step over a multi-host mesh needs.
+  """
+  if jax.process_count() == 1:
+    return batch
+  shardings = batch_shardings(mesh, batch)
+  return jax.tree.map(
+      lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda idx, x=x: np.asarray(x)[idx]),
+      batch, shardings)
+
+
+def host_local(tree: Any) -> Any:
+  """Every leaf as a full host numpy array on each process (for samplers, exports, metrics).
+
+  Single-process: `jax.device_get`. Multi-process: `process_allgather` (a collective: every process
+  must call it at the same point of the program)."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def assert_same_on_all_processes(values: np.ndarray, what: str) -> None:
+  """Fails when `values` (a small array) differs between processes, naming `what` diverged."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.assert_equal(np.asarray(values), f"{what} differs between trainer processes: "
+                               "the host pipelines diverged (every process must run the same "
+                               "deterministic schedule: scheduler.kind='simulated')")
+
+
 def constrain(x: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
   """`with_sharding_constraint` of an activation inside jit (spec fitted to x's shape and the mesh)."""
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, fit_spec(spec, x.shape, mesh)))

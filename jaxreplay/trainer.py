@@ -304,9 +304,21 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     return new_state, metrics
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))  # a prefix: rows of every field
-  return jax.jit(step, in_shardings=(state_shardings, batch_sh),
-                 out_shardings=(state_shardings, sharding.replicated(mesh)),
-                 donate_argnums=(0,) if donate else ())
+  jitted = jax.jit(step, in_shardings=(state_shardings, batch_sh),
+                   out_shardings=(state_shardings, sharding.replicated(mesh)),
+                   donate_argnums=(0,) if donate else ())
+  return _with_global_batch(jitted, mesh)
+
+
+def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:
+  """Multi-process runs: host batches become global arrays before the jitted call."""
+  if jax.process_count() == 1:
+    return jitted
+
+  def call(params_or_state, batch):
+    return jitted(params_or_state, sharding.global_batch(batch, mesh))
+  call.lower = jitted.lower
+  return call
 
 
 def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, chunk_size: int = 512,
@@ -327,4 +339,5 @@ def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, ch
     return jnp.where(valid, out, 0.0)
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))
-  return jax.jit(fn, in_shardings=(param_shardings, batch_sh), out_shardings=batch_sh)
+  return _with_global_batch(
+      jax.jit(fn, in_shardings=(param_shardings, batch_sh), out_shardings=batch_sh), mesh)

@@ -84,8 +84,13 @@ class RolloutWorkers:
   # ---- weights ----------------------------------------------------------------------------------
 
   def publish(self, params, version: int) -> None:
+    if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
+      from jaxreplay import sharding  # pylint: disable=g-import-not-at-top
+      params = sharding.host_local(params)  # full numpy copies for this process's workers
     if self.via_hf:
       weights = self.publisher.publish(self.parts.model_cfg, params, version)
+    elif jax.process_count() > 1:
+      weights = params  # already fresh host copies
     else:
       weights = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
     with self._lock:

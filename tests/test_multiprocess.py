@@ -1,0 +1,79 @@
+"""Multi-process trainer (jax.distributed, what launch/multi_host.sh starts on several hosts), here as
+two local CPU processes with two emulated devices each, against one process with four devices."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from test_end_to_end import SHORT, read_rows
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARGS = [*SHORT, "--config.trainer.schedule=constant", "--config.trainer.mesh_shape=(1,-1,1)"]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, devices, *extra, process=None, port=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  cmd = [sys.executable, "-m", "jaxreplay.launch", f"--config={REPO}/configs/tiny.py",
+         f"--workdir={workdir}", *ARGS, *extra]
+  if process is not None:
+    cmd += [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+            f"--process_id={process}"]
+  return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _run_two_processes(workdir, *extra):
+  port = _free_port()
+  procs = [_launch(workdir, 2, *extra, process=i, port=port) for i in range(2)]
+  errs = [p.communicate(timeout=600)[1] for p in procs]
+  for p, err in zip(procs, errs):
+    assert p.returncode == 0, err[-4000:]
+  return errs
+
+
+def test_two_trainer_processes_match_one_process_and_resume(tmp_path):
+  multi, single = str(tmp_path / "multi"), str(tmp_path / "single")
+  ref = _launch(single, 4)
+  errs = _run_two_processes(multi)
+  assert ref.communicate(timeout=600)[1] is not None and ref.returncode == 0
+  for i, err in enumerate(errs):
+    assert f"trainer process {i}/2: 2 local, 4 global devices" in err
+
+  rows_m, rows_s = read_rows(multi), read_rows(single)
+  assert [r["step"] for r in rows_m] == list(range(7))
+  for key in ("loss", "grad_norm", "param_norm", "batch/reward_mean"):
+    got = np.array([r[key] for r in rows_m[1:]])
+    want = np.array([r[key] for r in rows_s[1:]])
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6, err_msg=key)
+  assert rows_m[-1]["eval/pass@1"] == rows_s[-1]["eval/pass@1"]
+  # Only process 0 writes rows (the step list above has no duplicates); checkpoint and HF export.
+  assert os.path.isdir(os.path.join(multi, "checkpoints", "6"))
+  with open(os.path.join(multi, "hf", "config.json")) as f:
+    assert json.load(f)["model_type"] == "qwen3"
+
+  # Re-running the same command with more steps resumes both processes from the checkpoint.
+  errs = _run_two_processes(multi, "--config.total_steps=8")
+  assert all("resumed at step 6" in e for e in errs)
+  rows = read_rows(multi)
+  assert [r["step"] for r in rows] == list(range(9))
+
+
+def test_multi_process_rejects_the_async_schedule(tmp_path):
+  errs = []
+  port = _free_port()
+  procs = [_launch(str(tmp_path / "a"), 2, "--config.scheduler.kind=async", process=i, port=port)
+           for i in range(2)]
+  for p in procs:
+    errs.append(p.communicate(timeout=300)[1])
+    assert p.returncode != 0
+  assert any("scheduler.kind='async' with 2 trainer processes" in e for e in errs), errs[0][-2000:]
