@@ -60,6 +60,10 @@ def validate_config(c) -> None:
                   f"model.max_len={c.model.max_len}; raise model.max_len")
   if c.total_steps < 1:
     errors.append(f"total_steps={c.total_steps} must be >= 1")
+  if c.trainer.schedule == "cosine" and c.total_steps <= c.trainer.warmup_steps:
+    errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
+                  f"trainer.warmup_steps={c.trainer.warmup_steps}; lower warmup_steps or use "
+                  "trainer.schedule='constant'")
   if c.rollout.refresh_every < 1:
     errors.append(f"rollout.refresh_every={c.rollout.refresh_every} must be >= 1")
   if c.model.path and not os.path.isdir(c.model.path):

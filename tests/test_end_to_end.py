@@ -24,6 +24,7 @@ SHORT = [
     "--config.eval.n_samples=4", "--config.eval.ks=(1,2,4)", "--config.checkpoint.every=2",
     "--config.buffer.size=128", "--config.buffer.batch_size=32", "--config.rollout.group_size=4",
     "--config.rollout.prompts_per_request=4", "--config.log.every_s=1",
+    "--config.trainer.warmup_steps=1",  # tiny.py's cosine schedule needs total_steps > warmup
     "--config.rollout.backend=jax",  # tiny.py says auto; the vLLM tests below override this
 ]
 
@@ -196,6 +197,11 @@ def test_bad_config_fails_fast_with_a_fix(tmp_path):
   proc = subprocess.run(launch_cmd(str(tmp_path / "bad2"), "--config.buffer.sizee=3"),
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
   assert proc.returncode != 0 and "sizee" in proc.stderr
+  proc = subprocess.run(launch_cmd(str(tmp_path / "bad3"), "--config.total_steps=3",
+                                   "--config.trainer.warmup_steps=5"),
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+  assert proc.returncode != 0
+  assert "needs total_steps=3 > trainer.warmup_steps=5; lower warmup_steps" in proc.stderr
 
 
 def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
