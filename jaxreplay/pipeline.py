@@ -231,7 +231,7 @@ class Pipeline:
 
   def evaluate(self) -> dict[str, float]:
     p, c = self.parts, self.config
-    p.eval_sampler.set_params(sharding.host_local(p.state.params), self.step)
+    p.eval_sampler.set_params(sharding.local_params(p.state.params), self.step)
     return evaluation.evaluate(
         p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=c.eval.n_samples,
         ks=tuple(c.eval.ks), temperature_pass1=c.eval.temperature_pass1, n_pass1=4,

@@ -248,7 +248,7 @@ def build(c, workdir: str) -> Parts:
                                      enabled=jax.process_index() == 0)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
-  eval_sampler = JaxSampler(model_cfg, sharding.host_local(state.params), c.model.max_len,
+  eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
                             batch_size=c.rollout.sampler_batch_size,
                             eos_token_ids=codec.stop_ids, seed=c.seed + 1)
   gen_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step / c.buffer.batch_size)

@@ -4,8 +4,8 @@ r"""Supervised warm-start: RL needs a policy that is sometimes right.
 
 trains the config's model preset from random weights on the config's task with cross-entropy on the
 answer tokens (+ eos), with the settings of `config.sft` (steps, batch, learning_rate, seed,
-carry_drop; the `--sft_*` flags override them), then writes an HF model directory (weights, config.json, tokenizer) that the
-RL run starts from (`config.model.path`). Greedy held-out accuracy is measured by teacher forcing:
+carry_drop; the `--sft_*` flags override them), then writes an HF model directory (weights,
+config.json, tokenizer) that the RL run starts from (`config.model.path`). Greedy held-out accuracy is measured by teacher forcing:
 greedy decoding produces exactly answer + eos iff every answer token is the argmax given the right
 prefix, so the fraction of problems where all answer tokens are argmax IS greedy exact-match accuracy.
 The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB).

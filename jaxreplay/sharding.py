@@ -200,6 +200,12 @@ def host_local(tree: Any) -> Any:
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def local_params(tree: Any) -> Any:
+  """Params a process-local sampler can use: the tree itself when single-process (no copy, no
+  host round trip), else `host_local` (a collective)."""
+  return tree if jax.process_count() == 1 else host_local(tree)
+
+
 def assert_same_on_all_processes(values: np.ndarray, what: str) -> None:
   """Fails when `values` (a small array) differs between processes, naming `what` diverged."""
   if jax.process_count() == 1:
