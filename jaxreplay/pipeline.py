@@ -69,7 +69,6 @@ class Pipeline:
     self._step_metrics: dict[str, float] = {}
     self._lock = threading.Lock()
     self._in_flight = 0
-    self.pool_metrics: dict[str, Any] = {}
     self._t_start = time.monotonic()
     self.progress = metrics_lib.ProgressLogger(config.total_steps, every_s=config.log.every_s,
                                                start_step=self.step)
@@ -336,9 +335,7 @@ class _NoTask:
 def run(config, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics."""
   os.makedirs(workdir, exist_ok=True)
-  from jaxreplay.setup import resolve_backend, validate_config  # pylint: disable=g-import-not-at-top
-  validate_config(config)
-  resolve_backend(config)  # run_config.json records the backend actually used
+  setup_lib.resolve_backend(config)  # run_config.json records the backend actually used
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "run_config.json"), "w") as f:
       json.dump(config.to_dict(), f, indent=1, default=str)

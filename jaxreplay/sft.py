@@ -12,6 +12,7 @@ The tiny default ships the result of this command with configs/tiny.py's setting
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -73,6 +74,20 @@ def encode_examples(codec, pairs, seq_len: int):
   return tokens, targets, mask, seg
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _greedy_hits(model_cfg, params, tokens, targets, mask, seg):
+  pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
+  logits = models.apply(model_cfg, params, tokens, positions=pos, segment_ids=seg)
+  return jnp.all((jnp.argmax(logits, -1) == targets) | (mask == 0), axis=1)
+
+
+def greedy_exact_match(model_cfg, params, codec, pairs, seq_len: int) -> np.ndarray:
+  """bool [N]: whether greedy decoding of each (prompt, target) pair produces exactly target + eos,
+  computed by teacher forcing (every target token is the argmax given the right prefix)."""
+  arrays = encode_examples(codec, pairs, seq_len)
+  return np.asarray(_greedy_hits(model_cfg, params, *arrays))
+
+
 def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: int,
               seq_len: int, log_every: int = 50, carry_drop: float = 0.0):
   """Returns (params, {"sft/greedy_accuracy": held-out greedy exact match, ...})."""
@@ -92,13 +107,6 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
     updates, s = opt.update(g, s, p)
     return optax.apply_updates(p, updates), s, loss
 
-  @jax.jit
-  def greedy_correct(p, tokens, targets, mask, seg):
-    pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-    logits = models.apply(model_cfg, p, tokens, positions=pos, segment_ids=seg)
-    hit = (jnp.argmax(logits, -1) == targets) | (mask == 0)
-    return jnp.all(hit, axis=1)
-
   examples = (task.sft_examples(steps * batch, seed=seed, carry_drop=carry_drop) if carry_drop
               else task.sft_examples(steps * batch, seed=seed))
   t0 = time.time()
@@ -111,8 +119,8 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
       logging.info("sft step %d/%d loss %.4f (%.1f steps/s, ETA %.0f s)", i + 1, steps,
                    float(loss), rate, (steps - i - 1) / rate)
   held_out = task.eval_set(256)
-  arrays = encode_examples(codec, [(p.prompt, p.answer) for p in held_out], seq_len)
-  acc = float(np.mean(np.asarray(greedy_correct(params, *arrays))))
+  acc = float(np.mean(greedy_exact_match(model_cfg, params, codec,
+                                         [(p.prompt, p.answer) for p in held_out], seq_len)))
   return params, {"sft/loss": float(loss), "sft/greedy_accuracy": acc,
                   "sft/seconds": time.time() - t0}
 

@@ -86,13 +86,11 @@ class RolloutWorkers:
   def publish(self, params, version: int) -> None:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       from jaxreplay import sharding  # pylint: disable=g-import-not-at-top
-      params = sharding.host_local(params)  # full numpy copies for this process's workers
-    if self.via_hf:
-      weights = self.publisher.publish(self.parts.model_cfg, params, version)
-    elif jax.process_count() > 1:
-      weights = params  # already fresh host copies
-    else:
-      weights = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+      params = sharding.host_local(params)  # fresh full host copies for this process's workers
+    elif not self.via_hf:
+      params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    weights = (self.publisher.publish(self.parts.model_cfg, params, version) if self.via_hf
+               else params)
     with self._lock:
       self._latest = (weights, version)
     if self._local is not None:
@@ -121,7 +119,6 @@ class RolloutWorkers:
       loop.run(pipeline, c.total_steps, raise_if_failed=self._pool.raise_if_failed)
     finally:
       self._pool.stop()
-      pipeline.pool_metrics = self._pool.metrics()
     self._pool.raise_if_failed()
 
   def pool_metrics(self) -> dict[str, float]:

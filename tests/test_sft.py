@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxreplay import models
 from jaxreplay import tasks
-from jaxreplay.sft import encode_examples
+from jaxreplay.sft import greedy_exact_match
 from jaxreplay.tasks import arithmetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,13 +18,7 @@ SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
 
 
 def _greedy_answers(cfg, params, codec, problems):
-  """Teacher-forced greedy tokens at the answer positions (= greedy decoding's answer when right)."""
-  tokens, targets, mask, seg = encode_examples(codec, [(p.prompt, p.answer) for p in problems], 32)
-  pos = np.maximum(np.cumsum(seg, axis=1) - 1, 0)
-  logits = models.apply(cfg, params, jnp.asarray(tokens), positions=jnp.asarray(pos),
-                        segment_ids=jnp.asarray(seg))
-  pred = np.asarray(jnp.argmax(logits, -1))
-  return np.all((pred == targets) | (mask == 0), axis=1)
+  return greedy_exact_match(cfg, params, codec, [(p.prompt, p.answer) for p in problems], 32)
 
 
 def test_sft_cli_writes_loadable_model(tmp_path):
