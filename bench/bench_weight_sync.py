@@ -1,7 +1,7 @@
 """Weight-refresh cost: publish (device -> host + safetensors write) + vLLM reload, vs a memcpy floor.
 
 For each model config: start an in-process `VllmEngine`, then repeatedly publish new parameters with
-`WeightPublisher` (to /dev/shm when present) and load them with `VllmEngine.update_weights`. The
+`WeightPublisher` (to /dev/shm when present) and load them with `VllmEngine.load_weights`. The
 floor is `np.copyto` of the same bytes (host memory bandwidth: what a refresh costs at best without
 a faster interconnect). Also checks that after the refresh vLLM's log-probs are the new params'.
 
@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxreplay import models  # noqa: E402
-from jaxreplay.rollout.base import SamplingParams  # noqa: E402
+from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
 from jaxreplay.rollout.vllm_worker import VllmEngine  # noqa: E402
 from jaxreplay.rollout.weight_sync import WeightPublisher  # noqa: E402
 
@@ -94,7 +94,7 @@ def bench_config(name, cfg, repeats: int, publisher: WeightPublisher) -> dict:
       p = params[(k + 1) % 2]
       hf_dir = publisher.publish(cfg, p, version)
       rec = publisher.latest
-      engine.update_weights(hf_dir, version)
+      engine.load_weights(Weights(version, hf_dir=hf_dir))
       rows.append({"transfer_s": rec.transfer_seconds, "write_s": rec.write_seconds,
                    "reload_s": engine.last_update_seconds,
                    "total_s": rec.seconds + engine.last_update_seconds})

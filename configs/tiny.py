@@ -25,7 +25,6 @@ def get_config():
   c.task.name = "arithmetic"
   c.task.num_digits = (1, 2)
   c.task.ops = "+"
-  c.task.held_out = 512
   c.rollout.backend = "auto"       # vllm (one CPU engine) when installed, else the JAX sampler
   c.rollout.num_workers = 4
   c.rollout.group_size = 8

@@ -15,13 +15,13 @@ import threading
 from typing import Any, Optional
 
 
-def gamma(num_workers: float, num_trainers: float, mu: float) -> float:
+def gamma(num_workers: float, num_trainer_devices: float, mu: float) -> float:
   """(1 + W/T) / (1 + mu). The paper: mu = 5.28, (W, T) = (5, 3) -> 0.4246 ("0.43")."""
-  if num_trainers <= 0:
-    raise ValueError(f"num_trainers={num_trainers} must be > 0")
+  if num_trainer_devices <= 0:
+    raise ValueError(f"num_trainer_devices={num_trainer_devices} must be > 0")
   if mu < 0:
     raise ValueError(f"mu={mu} must be >= 0")
-  return (1.0 + num_workers / num_trainers) / (1.0 + mu)
+  return (1.0 + num_workers / num_trainer_devices) / (1.0 + mu)
 
 
 class ComputeAccountant:
@@ -29,7 +29,7 @@ class ComputeAccountant:
 
   Args:
     num_workers: W, inference devices.
-    num_trainers: T, trainer devices.
+    num_trainer_devices: T, trainer devices.
     model_cfg: a `ModelConfig`; when given, FLOPs are counted with `model_cfg.flops_per_token`:
       forward (2 x params per token + attention) for generation, 3 x forward (forward + backward,
       ~6 x params) for training. Model FLOPs, so rematerialisation is not counted.
@@ -39,12 +39,12 @@ class ComputeAccountant:
   devices is 2.0 device-seconds), and tokens = real (unpadded) prompt + completion tokens.
   """
 
-  def __init__(self, num_workers: int, num_trainers: int, model_cfg: Any = None,
+  def __init__(self, num_workers: int, num_trainer_devices: int, model_cfg: Any = None,
                seq_len: int = 1024):
-    if num_workers < 0 or num_trainers <= 0:
-      raise ValueError(f"need num_workers >= 0 and num_trainers > 0, got W={num_workers}, "
-                       f"T={num_trainers}")
-    self.num_workers, self.num_trainers = num_workers, num_trainers
+    if num_workers < 0 or num_trainer_devices <= 0:
+      raise ValueError(f"need num_workers >= 0 and num_trainer_devices > 0, got W={num_workers}, "
+                       f"T={num_trainer_devices}")
+    self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
     self.model_cfg, self.seq_len = model_cfg, seq_len
     self._lock = threading.Lock()
     self._s = dict(generation_seconds=0.0, training_seconds=0.0, generation_tokens=0,
@@ -90,12 +90,12 @@ class ComputeAccountant:
     with self._lock:
       s = dict(self._s)
     mu = _mu(s)
-    w_over_t = self.num_workers / self.num_trainers
+    w_over_t = self.num_workers / self.num_trainer_devices
     updates = s["updates"]
     return {
         "compute/mu": mu,
         "compute/w_over_t": w_over_t,
-        "compute/gamma": gamma(self.num_workers, self.num_trainers, mu) if mu == mu else mu,
+        "compute/gamma": gamma(self.num_workers, self.num_trainer_devices, mu) if mu == mu else mu,
         "compute_seconds": s["generation_seconds"] + s["training_seconds"],
         "compute/generation_seconds": s["generation_seconds"],
         "compute/training_seconds": s["training_seconds"],

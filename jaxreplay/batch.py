@@ -1,4 +1,6 @@
-"""The trainer's fixed-shape batch: one rollout per row, right-padded to a length bucket.
+"""The two records the trainer consumes: `Rollout` (one sampled completion, host side) and `Batch`.
+
+`Batch` is the trainer's fixed-shape batch: one rollout per row, right-padded to a length bucket.
 
 Shapes (B rows, T = the bucket length in tokens):
   tokens             int32   [B, T]  prompt + completion tokens, then padding (pad id 0)
@@ -14,7 +16,9 @@ A row that is all padding (mask 0) contributes nothing to any loss.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,3 +53,72 @@ def zeros(batch_size: int, seq_len: int) -> Batch:
       rewards=np.zeros((batch_size,), np.float32),
       policy_version=np.zeros((batch_size,), np.int32),
   )
+
+
+def _int_array(x: Any, name: str) -> np.ndarray:
+  a = np.asarray(x)
+  if a.ndim != 1:
+    raise ValueError(f"Rollout.{name} must be a 1-D token array, got shape {a.shape}")
+  if a.size and a.dtype.kind not in "iu":
+    raise ValueError(f"Rollout.{name} must hold integer token ids, got dtype {a.dtype}")
+  a = a.astype(np.int32, copy=False)
+  if a.size == 0:
+    raise ValueError(f"Rollout.{name} is empty; a rollout needs at least one prompt and one "
+                     "completion token")
+  if a.min() < 0:
+    raise ValueError(f"Rollout.{name} has a negative token id ({int(a.min())})")
+  return a
+
+
+@dataclasses.dataclass(eq=False)  # identity equality: fields hold numpy arrays
+class Rollout:
+  """One sampled completion of one prompt, with everything the trainer needs.
+
+  prompt_tokens      int32   [Lp]  the prompt (Lp >= 1)
+  completion_tokens  int32   [Lc]  the sampled completion (Lc >= 1)
+  logprobs           float32 [Lc]  the sampler's log-prob of each completion token
+  reward             float         the task reward
+  advantage          float         group-relative advantage (computed by the producer)
+  policy_version     int           version of the weights that sampled it
+  group_id           int           id of the prompt group it belongs to
+  uid                int           unique, increasing id assigned by `ReplayBuffer.add` (-1 before)
+  use_count          int           times the buffer returned it from `sample`
+  Inputs are converted to these dtypes (integer token arrays only); bad input raises ValueError.
+  """
+  prompt_tokens: np.ndarray
+  completion_tokens: np.ndarray
+  logprobs: np.ndarray
+  reward: float
+  advantage: float
+  policy_version: int
+  group_id: int
+  uid: int = -1
+  use_count: int = 0
+
+  def __post_init__(self):
+    self.prompt_tokens = _int_array(self.prompt_tokens, "prompt_tokens")
+    self.completion_tokens = _int_array(self.completion_tokens, "completion_tokens")
+    lp = np.asarray(self.logprobs)
+    if lp.ndim != 1 or lp.shape[0] != self.completion_tokens.shape[0]:
+      raise ValueError(f"Rollout.logprobs has shape {lp.shape}, expected one log-prob per "
+                       f"completion token: ({self.completion_tokens.shape[0]},)")
+    if lp.dtype.kind not in "fiu":
+      raise ValueError(f"Rollout.logprobs must be floats, got dtype {lp.dtype}")
+    self.logprobs = lp.astype(np.float32, copy=False)
+    if not np.all(np.isfinite(self.logprobs)):
+      raise ValueError("Rollout.logprobs has non-finite values (NaN/inf): check the sampler")
+    for name in ("reward", "advantage"):
+      v = float(getattr(self, name))
+      if not math.isfinite(v):
+        raise ValueError(f"Rollout.{name}={v} must be finite")
+      setattr(self, name, v)
+    for name in ("policy_version", "group_id", "uid", "use_count"):
+      v = getattr(self, name)
+      if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"Rollout.{name} must be an int, got {v!r}")
+      setattr(self, name, int(v))
+
+  @property
+  def length(self) -> int:
+    """Prompt + completion tokens."""
+    return self.prompt_tokens.shape[0] + self.completion_tokens.shape[0]

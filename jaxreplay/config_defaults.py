@@ -30,7 +30,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
   c.task.num_digits = (1, 2)       # arithmetic operand digits (min, max)
   c.task.ops = "+"
-  c.task.held_out = 128            # held-out problems for evaluation
   c.task.reward_timeout_s = 5.0
 
   c.rollout = ml_collections.ConfigDict()
@@ -54,7 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
 
   c.trainer = ml_collections.ConfigDict()
-  c.trainer.num_devices = 1        # T, trainer devices (for the mesh and the compute accounting)
+  c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the
+                                   # compute accounting and the simulated schedule
   c.trainer.mesh_shape = (1, -1, 1)  # (data, fsdp, tensor)
   c.trainer.loss = "grpo"          # grpo | asymre
   c.trainer.eps_low = 0.2
@@ -63,7 +63,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.adv_eps = 1e-6
   c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
   c.trainer.kl_coef = 0.0
-  c.trainer.tis_cap = 0.0          # truncated importance sampling cap C (0 = off)
+  c.trainer.tis_cap = 0.0          # grpo: truncated IS, token weight min(pi_theta/pi_sampler, C);
+                                   # 0 = off, 2.0 is common (trainer.make_loss_fn)
   c.trainer.learning_rate = 1e-6
   c.trainer.warmup_steps = 0
   c.trainer.schedule = "constant"  # constant | cosine
@@ -92,7 +93,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 20          # steps
   c.checkpoint.keep = 2
-  c.export_hf_every = 0            # steps between DIR/hf exports; 0 = at checkpoints and the end
+  c.export_hf_every = 0            # steps between DIR/hf exports (and the last step); 0 = with
+                                   # every checkpoint
 
   c.sft = ml_collections.ConfigDict()  # supervised warm-start (`python -m jaxreplay.sft`)
   c.sft.steps = 400                # gradient steps
@@ -119,7 +121,7 @@ def gpu_math_config(preset: str, learning_rate: float, mu: float,
   c.model.remat = True
   c.model.max_len = 4608
   c.task.name = "math"
-  c.task.held_out = 500
+  c.eval.num_problems = 500        # MATH-500 sized held-out set
   c.rollout.backend = "vllm"
   c.rollout.num_workers = 5            # W
   c.rollout.group_size = 16            # G

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from jaxreplay.experience import score_groups
 from jaxreplay.rollout.base import Group, SamplingParams
 
 GenerateFn = Callable[[Sequence[np.ndarray], int, SamplingParams], list[Group]]
@@ -65,16 +66,6 @@ def _sample(generate_fn: GenerateFn, prompts: list[np.ndarray], n: int, sampling
   return groups
 
 
-def _score(task, codec, problems, groups: list[Group]) -> tuple[np.ndarray, list[np.ndarray]]:
-  texts, targets = [], []
-  for p, g in zip(problems, groups):
-    for comp in g.completions:
-      texts.append(codec.decode(comp.tokens))
-      targets.append(p)
-  rewards = task.score_batch(texts, targets).reshape(len(problems), -1)
-  return rewards, [c.logprobs for g in groups for c in g.completions]
-
-
 def evaluate(generate_fn: GenerateFn, task, problems: Sequence, codec, n_samples: int = 16,
              ks: Sequence[int] = (1, 2, 4, 8, 16), temperature_pass1: float = 0.1,
              n_pass1: int = 1, temperature_passk: float = 1.0, max_tokens: int = 64,
@@ -113,13 +104,15 @@ def evaluate(generate_fn: GenerateFn, task, problems: Sequence, codec, n_samples
   base = dict(max_tokens=max_tokens, top_p=top_p, stop_token_ids=tuple(codec.stop_ids))
 
   low = SamplingParams(temperature=temperature_pass1, seed=seed, **base)
-  rewards1, _ = _score(task, codec, problems, _sample(generate_fn, prompts, n_pass1, low, batch_size))
+  rewards1 = score_groups(_sample(generate_fn, prompts, n_pass1, low, batch_size), problems, task,
+                          codec)
   out = {"pass@1": float((rewards1 >= success_threshold).mean())}
 
   if n_samples:
     high = SamplingParams(temperature=temperature_passk, seed=seed + 1, **base)
     groups = _sample(generate_fn, prompts, n_samples, high, batch_size)
-    rewards, logprobs = _score(task, codec, problems, groups)
+    rewards = score_groups(groups, problems, task, codec)
+    logprobs = [c.logprobs for g in groups for c in g.completions]
     for k, v in pass_at_k_array(rewards >= success_threshold, ks).items():
       out[f"pass@{k}" if k > 1 else f"pass@1_t{temperature_passk:g}"] = v
     num_tokens = sum(len(lp) for lp in logprobs)

@@ -1,36 +1,44 @@
-"""From sampled groups to replay-buffer rollouts: decode, score, group-relative advantages.
+"""Experience: prompts out to the rollout workers, scored rollouts with advantages into the buffer.
 
-Also `PromptSource`, the deterministic, resumable stream of training problems.
+  PromptSource  the deterministic, resumable stream of training problems;
+  Intake        request intake for both schedules: `next_request` hands out a `PromptBatch`
+                (or None while an on-policy queue is full), `deliver` scores a request's groups
+                and adds their rollouts to the buffer, `dropped` re-queues the prompts of a lost
+                request; it counts rollouts in flight, numbers groups and keeps fresh rewards;
+  score_groups / to_rollouts / groups_to_rollouts  decode, score, group-relative advantages.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+from absl import logging
 import numpy as np
 
-from jaxreplay import losses
-from jaxreplay.buffer import Rollout
-from jaxreplay.rollout.base import Group
+from jaxreplay import algorithms
+from jaxreplay.batch import Rollout
+from jaxreplay.rollout.base import Group, SamplingParams
+from jaxreplay.rollout.pool import PromptBatch
 
 
 def make_advantage_fn(loss: str, adv_eps: float = 1e-6, tau: float = -0.1) -> Callable:
-  """rewards float32 [P, G] -> advantages [P, G]: GRPO's standardised or AsymRE's shifted baseline."""
-  if loss == "grpo":
-    return lambda r: np.asarray(losses.grpo_advantages(r, eps=adv_eps), np.float32)
-  if loss == "asymre":
-    return lambda r: np.asarray(losses.asymre_advantages(r, tau=tau), np.float32)
-  raise ValueError(f"unknown loss {loss!r}; expected 'grpo' or 'asymre'")
+  """rewards float32 [P, G] -> advantages [P, G] of `algorithms.ALGORITHMS[loss]`.
+
+  GRPO's standardised advantages (takes adv_eps) or AsymRE's shifted baseline (takes tau).
+  """
+  algorithm = algorithms.get(loss)
+  options = {"adv_eps": adv_eps, "tau": tau}
+  options = {name: options[name] for name in algorithm.advantage_options}
+  return lambda r: np.asarray(algorithm.advantages(r, **options), np.float32)
 
 
-def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, codec,
-                       advantage_fn: Callable, group_ids: Sequence[int]):
-  """Scores every completion and returns (rollouts, rewards float32 [P, G]).
+def score_groups(groups: Sequence[Group], problems: Sequence[Any], task, codec) -> np.ndarray:
+  """Decodes every completion and scores it against its problem: rewards float32 [P, G].
 
   groups[i] holds the G completions of problems[i]; all groups must have the same G.
   """
-  if len(groups) != len(problems) or len(groups) != len(group_ids):
-    raise ValueError(f"{len(groups)} groups for {len(problems)} problems / {len(group_ids)} ids")
+  if len(groups) != len(problems):
+    raise ValueError(f"{len(groups)} groups for {len(problems)} problems")
   sizes = {len(g.completions) for g in groups}
   if len(sizes) != 1:
     raise ValueError(f"groups have different sizes {sorted(sizes)}")
@@ -39,16 +47,31 @@ def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, c
     for c in g.completions:
       texts.append(codec.decode(c.tokens))
       owners.append(p)
-  rewards = np.asarray(task.score_batch(texts, owners), np.float32).reshape(len(groups), -1)
-  adv = advantage_fn(rewards)
+  return np.asarray(task.score_batch(texts, owners), np.float32).reshape(len(groups), -1)
+
+
+def to_rollouts(groups: Sequence[Group], rewards: np.ndarray, advantages: np.ndarray,
+                group_ids: Sequence[int]) -> list[Rollout]:
+  """One `Rollout` per completion; rewards and advantages float32 [P, G], one group id per group."""
+  if len(groups) != len(group_ids):
+    raise ValueError(f"{len(groups)} groups for {len(group_ids)} group ids")
   rollouts = []
   for i, (g, gid) in enumerate(zip(groups, group_ids)):
     for j, c in enumerate(g.completions):
       rollouts.append(Rollout(prompt_tokens=g.prompt_tokens, completion_tokens=c.tokens,
                               logprobs=c.logprobs, reward=float(rewards[i, j]),
-                              advantage=float(adv[i, j]), policy_version=int(g.policy_version),
-                              group_id=int(gid)))
-  return rollouts, rewards
+                              advantage=float(advantages[i, j]),
+                              policy_version=int(g.policy_version), group_id=int(gid)))
+  return rollouts
+
+
+def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, codec,
+                       advantage_fn: Callable, group_ids: Sequence[int]):
+  """Scores every completion and returns (rollouts, rewards float32 [P, G])."""
+  if len(groups) != len(group_ids):
+    raise ValueError(f"{len(groups)} groups for {len(problems)} problems / {len(group_ids)} ids")
+  rewards = score_groups(groups, problems, task, codec)
+  return to_rollouts(groups, rewards, advantage_fn(rewards), group_ids), rewards
 
 
 class PromptSource:
@@ -102,3 +125,92 @@ class PromptSource:
       self._cursor = int(state["cursor"])
       self._pending = {}
       self._requeue = [int(i) for i in state["pending"]]
+
+
+class Intake:
+  """Request intake and experience building, shared by both schedules (thread-safe).
+
+  Args:
+    task: scores completions (`score_batch`); codec: encodes prompts, decodes completions.
+    prompts: the `PromptSource`; buffer: the `ReplayBuffer` that rollouts are added to.
+    advantage_fn: rewards float32 [P, G] -> advantages [P, G].
+    sampling: the workers' `SamplingParams`.
+    prompts_per_request: P prompts per request; group_size: G completions per prompt.
+    on_policy: the buffer is a queue: a request may start only when its rollouts, those in
+      flight and those held fit the capacity (workers wait, as the paper's baseline does).
+  """
+
+  def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,
+               sampling: SamplingParams, prompts_per_request: int, group_size: int,
+               on_policy: bool = False):
+    self.task, self.codec, self.prompts, self.buffer = task, codec, prompts, buffer
+    self.advantage_fn, self.sampling = advantage_fn, sampling
+    self.prompts_per_request, self.group_size = int(prompts_per_request), int(group_size)
+    self.request_rollouts = self.prompts_per_request * self.group_size
+    self.on_policy = bool(on_policy)
+    self.next_group_id = 0
+    self._in_flight = 0
+    self._fresh_rewards: list[np.ndarray] = []
+    self._lock = threading.Lock()
+
+  @property
+  def in_flight(self) -> int:
+    """Rollouts handed out to workers and not yet delivered or dropped."""
+    with self._lock:
+      return self._in_flight
+
+  def _may_start(self) -> bool:
+    if not self.on_policy:
+      return True
+    return len(self.buffer) + self._in_flight + self.request_rollouts <= self.buffer.capacity
+
+  def next_request(self) -> Optional[PromptBatch]:
+    """The next request (its `meta` holds the (index, problem) pairs), or None while a full
+    on-policy queue makes the workers wait."""
+    with self._lock:
+      if not self._may_start():
+        return None
+      self._in_flight += self.request_rollouts
+    items = self.prompts.take(self.prompts_per_request)
+    tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
+    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+
+  def deliver(self, batch: PromptBatch, groups: Sequence[Group]) -> None:
+    """Scores the groups of `batch` and adds their rollouts to the buffer (all or nothing)."""
+    try:
+      items = batch.meta
+      with self._lock:
+        ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
+        self.next_group_id += len(groups)
+      rollouts, rewards = groups_to_rollouts(groups, [p for _, p in items], self.task, self.codec,
+                                             self.advantage_fn, ids)
+      self.buffer.add(rollouts)
+      self.prompts.delivered([i for i, _ in items])
+      with self._lock:
+        self._fresh_rewards.append(rewards.reshape(-1))
+    finally:
+      with self._lock:
+        self._in_flight -= self.request_rollouts
+
+  def dropped(self, batch: PromptBatch, error: BaseException) -> None:
+    """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
+    logging.warning("rollout request dropped (%s); re-queueing its %d prompts", error,
+                    len(batch.meta))
+    self.prompts.dropped([i for i, _ in batch.meta])
+    with self._lock:
+      self._in_flight -= self.request_rollouts
+
+  def take_fresh_rewards(self) -> np.ndarray:
+    """float32 [n]: rewards of the rollouts delivered since the last call."""
+    with self._lock:
+      fresh, self._fresh_rewards = self._fresh_rewards, []
+    return np.concatenate(fresh) if fresh else np.zeros(0, np.float32)
+
+  def state_dict(self) -> dict[str, Any]:
+    """{"next_group_id", "prompts"}: merged into the checkpoint's host state."""
+    return {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict()}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Reads the keys of `state_dict` from a checkpoint's host state (other keys are ignored)."""
+    self.next_group_id = int(state["next_group_id"])
+    self.prompts.load_state_dict(state["prompts"])

@@ -36,6 +36,29 @@ Scalar = Union[float, int, Array]
 
 AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 
+# How each statistic in a loss's aux combines over the micro-batches of one train step (gradient
+# accumulation in `trainer.make_train_step`) into the value of the whole batch:
+#   "sum"         summed (counts)
+#   "max"         the maximum
+#   "token_mean"  weighted by valid tokens (means over valid tokens)
+#   "row_mean"    weighted by rows with at least one valid token (means over rows)
+#   "loss"        weighted like the loss, per its aggregation (see `aggregate`)
+# Every key a loss returns must be declared here: the train step refuses an undeclared one rather
+# than guess.
+AUX_KIND_NAMES = ("sum", "max", "token_mean", "row_mean", "loss")
+AUX_KINDS: dict[str, str] = {
+    "num_tokens": "sum",
+    "advantage_mean": "row_mean",
+    "entropy_proxy": "token_mean",
+    "pg_loss": "loss",
+    "clip_fraction": "token_mean",
+    "ratio_mean": "token_mean",
+    "ratio_max": "max",
+    "kl": "token_mean",
+    "tis_weight_mean": "token_mean",
+    "tis_truncated_fraction": "token_mean",
+}
+
 
 class LossInputError(ValueError, AssertionError):
   """A loss input has the wrong rank, shape or dtype.
@@ -342,7 +365,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       statistic; None for neither.
     kl_coef: weight of the k3 KL penalty (needs ref_logprobs when nonzero).
     tis_logprobs: float [B, T], the trainer's log-probs of the tokens under the parameters of the
-      policy version that generated them; None turns TIS off.
+      policy version that generated them (or stop_gradient(logprobs), as `trainer.make_loss_fn`
+      passes: a replay buffer cannot recompute them per version); None turns TIS off.
     tis_cap: the truncation C of the TIS weights (None: no truncation); needs tis_logprobs.
 
   Returns:
@@ -351,7 +375,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       valid tokens: the sampled-token entropy estimate), pg_loss (the aggregated -obj),
       clip_fraction (fraction of valid tokens where the clipped term is the active minimum),
       ratio_mean, ratio_max (over valid tokens, 0 when there are none), kl (token mean of k3, when
-      ref_logprobs is given), tis_weight_mean and tis_truncated_fraction (when TIS is on).
+      ref_logprobs is given), tis_weight_mean and tis_truncated_fraction (when TIS is on);
+      `AUX_KINDS` says how each combines over micro-batches.
   """
   _check_kl_args(ref_logprobs, kl_coef)
   if tis_cap is not None and tis_logprobs is None:
@@ -421,7 +446,8 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
 
   Returns:
     (loss float32 scalar, aux dict of float32 scalars): num_tokens, advantage_mean, entropy_proxy,
-    pg_loss, and kl (with ref_logprobs), ratio_mean and ratio_max (with behaviour_logprobs).
+    pg_loss, and kl (with ref_logprobs), ratio_mean and ratio_max (with behaviour_logprobs);
+    `AUX_KINDS` says how each combines over micro-batches.
   """
   _check_kl_args(ref_logprobs, kl_coef)
   _check_token_inputs("asymre_loss", advantages, {

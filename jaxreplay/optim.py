@@ -55,11 +55,14 @@ def make_optimizer(learning_rate: float | optax.Schedule = 1e-6, warmup_steps: i
                    total_steps: Optional[int] = None, schedule: str = "constant",
                    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    max_grad_norm: Optional[float] = 1.0, min_lr_ratio: float = 0.0,
-                   mu_dtype: Optional[Any] = None) -> optax.GradientTransformation:
+                   mu_dtype: Optional[Any] = None,
+                   decay_mask: Optional[Callable] = weight_decay_mask) -> optax.GradientTransformation:
   """clip_by_global_norm(max_grad_norm) -> AdamW(schedule); max_grad_norm None or <= 0: no clipping.
 
   `learning_rate` is a float (combined with warmup/schedule via `make_schedule`) or a ready schedule.
   `mu_dtype` sets the dtype of Adam's first moment (e.g. jnp.bfloat16 to save memory); default: params'.
+  `decay_mask`: params -> bool tree of the leaves that get weight decay (default: all but norms and
+  biases); None decays every leaf.
   """
   lr: Callable = learning_rate if callable(learning_rate) else make_schedule(
       learning_rate, warmup_steps, total_steps, schedule, min_lr_ratio)
@@ -67,5 +70,5 @@ def make_optimizer(learning_rate: float | optax.Schedule = 1e-6, warmup_steps: i
   if max_grad_norm is not None and max_grad_norm > 0:
     parts.append(optax.clip_by_global_norm(max_grad_norm))
   parts.append(optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                           mask=weight_decay_mask, mu_dtype=mu_dtype))
+                           mask=decay_mask, mu_dtype=mu_dtype))
   return optax.chain(*parts)

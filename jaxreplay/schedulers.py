@@ -1,50 +1,65 @@
 """Who runs when: the simulated (virtual-time) and the asynchronous (real threads) schedules.
 
-Both drive the same `PipelineHooks` (implemented by `jaxreplay.pipeline.Pipeline`), so the replay
-run and the on-policy baseline differ only by the buffer settings, never by a second code path.
+Both drive the same `Hooks` (implemented by `jaxreplay.pipeline.Pipeline`) and the same request
+intake (`jaxreplay.experience.Intake`), so the replay run and the on-policy baseline differ only by
+the buffer settings, never by a second code path. `pipeline.run` picks one of the two.
 
-Simulated schedule. W workers and T trainer devices in virtual time:
-  - a worker request of `request_rollouts` rollouts takes `request_rollouts * gen_seconds_per_rollout`
-    virtual seconds on one worker device; the worker samples with the newest published weights at the
-    moment the request starts, and its rollouts enter the buffer when the request ends;
+Simulated schedule (`SimulatedScheduler`). W workers and T trainer devices in virtual time:
+  - a worker request of R = `request_rollouts` rollouts takes R * `gen_seconds_per_rollout`
+    virtual seconds on one worker device; the worker samples with the newest published weights at
+    the moment the request starts, and its rollouts enter the buffer when the request ends;
   - a gradient step takes `train_device_seconds / T` virtual seconds; its weights are published
     (every `refresh_every` steps) when the step ends.
 Events at equal times are processed trainer first, then workers by index; work is then started
-workers first (so they sample with the weights just published), then the trainer. The real computation runs in that order on this machine, so
-the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and the
-same seed gives the same run bit for bit, whatever this machine's speed.
+workers first (so they sample with the weights just published), then the trainer. The real
+computation runs in that order on this machine (one local worker generates for every virtual one),
+so the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and
+the same seed gives the same run bit for bit, whatever this machine's speed.
+
+Asynchronous schedule (`AsyncScheduler`). A `WorkerPool` of W real workers (threads driving
+in-process JAX samplers or vLLM engine processes) fills the buffer while this thread trains as soon
+as a batch can be served, and hands each new `Weights` handle to the pool.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
+
+from absl import logging
+
+from jaxreplay.rollout.base import Group, RolloutWorker, Weights
+from jaxreplay.rollout.pool import Delivery, WorkerPool
+
+MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
 
 
-class PipelineHooks(Protocol):
+class Hooks(Protocol):
   """The pipeline's side of a schedule."""
+
+  intake: Any  # `jaxreplay.experience.Intake`: next_request / deliver / dropped
 
   def steps_done(self) -> int:
     """Gradient steps completed so far."""
 
-  def may_start_request(self, in_flight_rollouts: int) -> bool:
-    """Whether a worker may start a request now (a full on-policy queue makes workers wait)."""
+  def latest_weights(self) -> Weights:
+    """The newest published weights (workers sample with these)."""
 
-  def start_request(self, worker_id: int) -> Any:
-    """Generates one request's groups with the newest published weights; returns a handle."""
-
-  def finish_request(self, handle: Any, now: float) -> None:
-    """Scores the handle's groups and adds their rollouts to the buffer."""
+  def generated(self, groups: list[Group], seconds: float) -> None:
+    """Accounts one generate call (measured seconds); may compare sampler and trainer log-probs."""
 
   def can_train(self) -> bool:
     """Whether the buffer holds enough rollouts for a batch."""
 
-  def train_step(self, now: float) -> None:
-    """Samples a batch and takes one gradient step (weights are not yet published)."""
+  def train_step(self, now: float) -> Any:
+    """Samples a batch and takes one gradient step; returns a handle for `finish_step`."""
 
-  def finish_step(self, now: float) -> None:
-    """Publishes weights when due, evaluates, checkpoints, logs."""
+  def publish_if_due(self, handle: Any) -> Optional[Weights]:
+    """Publishes the new weights when a refresh is due; returns them (None when not due)."""
+
+  def finish_step(self, handle: Any, now: float) -> None:
+    """Evaluates, logs the metrics row and checkpoints when due."""
 
 
 @dataclasses.dataclass
@@ -57,16 +72,27 @@ class SimState:
 
 
 class SimulatedScheduler:
-  """Deterministic event schedule of W rollout workers and T trainer devices in virtual time."""
+  """Deterministic event schedule of W rollout workers and T trainer devices in virtual time.
 
-  def __init__(self, num_workers: int, num_trainer_devices: int, request_rollouts: int,
-               gen_seconds_per_rollout: float, train_device_seconds: float,
+  Args:
+    make_worker: builds the one local worker that generates for every virtual worker (on the first
+      request, with the newest weights; it then loads each newer version before a request).
+    num_workers: W. num_trainer_devices: T.
+    request_rollouts: rollouts per worker request (prompts_per_request x group_size).
+    gen_seconds_per_rollout: virtual device-seconds to generate one rollout.
+    train_device_seconds: virtual device-seconds of one gradient step (over all T devices).
+    state: the virtual clock to continue from (a resumed run's).
+  """
+
+  def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,
+               request_rollouts: int, gen_seconds_per_rollout: float, train_device_seconds: float,
                state: Optional[SimState] = None):
     if num_workers < 1 or num_trainer_devices < 1:
       raise ValueError(f"need W >= 1 and T >= 1, got W={num_workers}, T={num_trainer_devices}")
     if gen_seconds_per_rollout <= 0 or train_device_seconds <= 0:
       raise ValueError("simulated costs must be > 0: set config.scheduler.mu and "
                        "config.scheduler.train_seconds_per_step")
+    self.make_worker = make_worker
     self.num_workers = num_workers
     self.num_trainer_devices = num_trainer_devices
     self.request_rollouts = request_rollouts
@@ -74,26 +100,48 @@ class SimulatedScheduler:
     self.step_seconds = train_device_seconds / num_trainer_devices
     self.train_device_seconds = train_device_seconds
     self.state = state or SimState()
+    self._worker: Optional[RolloutWorker] = None
 
-  def run(self, hooks: PipelineHooks, total_steps: int) -> None:
+  def _generate(self, hooks: Hooks, batch) -> list[Group]:
+    """Generates one request with the newest weights; the measured seconds go to the hooks."""
+    weights = hooks.latest_weights()
+    if self._worker is None:
+      self._worker = self.make_worker(0, weights)
+      logging.info("started the rollout worker")
+    elif self._worker.policy_version != weights.version:
+      self._worker.load_weights(weights)
+    t0 = time.perf_counter()
+    groups = self._worker.generate(batch.prompts, batch.n, batch.sampling)
+    hooks.generated(groups, time.perf_counter() - t0)
+    return groups
+
+  def run(self, hooks: Hooks, total_steps: int) -> None:
     """Runs events until `total_steps` gradient steps are done. In-flight requests at the end are
     dropped (their generation cost was already counted when they started)."""
+    try:
+      self._run(hooks, total_steps)
+    finally:
+      if self._worker is not None:
+        self._worker.close()
+        self._worker = None
+
+  def _run(self, hooks: Hooks, total_steps: int) -> None:
     st = self.state
     worker_done_at: list[Optional[float]] = [None] * self.num_workers
-    worker_handle: list[Any] = [None] * self.num_workers
+    worker_request: list[Any] = [None] * self.num_workers
     trainer_done_at: Optional[float] = None
+    step_handle = None
     while True:
       # 1. Start work: idle workers by index, then the trainer.
       for i in range(self.num_workers):
-        if worker_done_at[i] is None:
-          in_flight = sum(self.request_rollouts for d in worker_done_at if d is not None)
-          if hooks.may_start_request(in_flight):
-            worker_handle[i] = hooks.start_request(i)
-            worker_done_at[i] = st.clock + self.request_seconds
-            st.generation_device_seconds += self.request_seconds
-            st.requests += 1
+        batch = hooks.intake.next_request() if worker_done_at[i] is None else None
+        if batch is not None:
+          worker_request[i] = (batch, self._generate(hooks, batch))
+          worker_done_at[i] = st.clock + self.request_seconds
+          st.generation_device_seconds += self.request_seconds
+          st.requests += 1
       if trainer_done_at is None and hooks.steps_done() < total_steps and hooks.can_train():
-        hooks.train_step(st.clock)
+        step_handle = hooks.train_step(st.clock)
         st.training_device_seconds += self.train_device_seconds
         trainer_done_at = st.clock + self.step_seconds
       # 2. Advance to the next event.
@@ -109,39 +157,77 @@ class SimulatedScheduler:
       st.clock = min(pending)
       if trainer_done_at is not None and trainer_done_at <= st.clock:
         trainer_done_at = None
-        hooks.finish_step(st.clock)
+        hooks.publish_if_due(step_handle)
+        hooks.finish_step(step_handle, st.clock)
         if hooks.steps_done() >= total_steps:
           return
       for i in range(self.num_workers):
         if worker_done_at[i] is not None and worker_done_at[i] <= st.clock:
           worker_done_at[i] = None
-          handle, worker_handle[i] = worker_handle[i], None
-          hooks.finish_request(handle, st.clock)
+          (batch, groups), worker_request[i] = worker_request[i], None
+          hooks.intake.deliver(batch, groups)
 
 
-class AsyncTrainerLoop:
-  """The trainer side of the asynchronous pipeline: real threads, real time.
+class AsyncScheduler:
+  """The asynchronous pipeline: a `WorkerPool` of W workers next to this thread's trainer loop.
 
-  Rollout workers run in a `jaxreplay.rollout.WorkerPool` (their own threads / processes) and add to
-  the buffer through the pipeline; this loop takes gradient steps as soon as the buffer can serve a
-  batch, and publishes weights when due. It stops at `total_steps` or when `stop` is set.
+  Pool threads take requests from the intake, generate with the newest weights they have loaded,
+  and deliver scored rollouts into the buffer; this loop trains whenever the buffer can serve a
+  batch and hands every newly published `Weights` to the pool (workers load it between requests,
+  so no request straddles two versions). It stops at `total_steps`, when `stop` is set, or when the
+  pool fails (its error is re-raised here).
+
+  Args:
+    make_worker: (index, weights) -> a new worker (called again to replace a dead one).
+    num_workers: W.
+    poll_seconds: how long the trainer waits for rollouts before checking again.
   """
 
-  def __init__(self, poll_seconds: float = 0.01):
+  def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01):
+    self.make_worker = make_worker
+    self.num_workers = num_workers
     self.poll_seconds = poll_seconds
     self.stop = threading.Event()
     self.wait_seconds = 0.0
+    self.pool: Optional[WorkerPool] = None
 
-  def run(self, hooks: PipelineHooks, total_steps: int, clock_offset: float = 0.0,
-          raise_if_failed=lambda: None) -> None:
+  def pool_metrics(self) -> dict[str, float]:
+    """The pool's counters as metrics ("pool/restarts", ...); {} before the pool starts."""
+    if self.pool is None:
+      return {}
+    m = self.pool.metrics()
+    keys = ("requests", "completions", "tokens", "restarts", "failed_starts", "dropped",
+            "refreshes", "tokens_per_second", "live_threads")
+    return {f"pool/{k}": float(m[k]) for k in keys}
+
+  def run(self, hooks: Hooks, total_steps: int) -> None:
+    intake = hooks.intake
+
+    def deliver(delivery: Delivery) -> None:
+      hooks.generated(delivery.groups, delivery.generate_seconds)
+      intake.deliver(delivery.batch, delivery.groups)
+
+    self.pool = WorkerPool(lambda i: self.make_worker(i, self.pool.target), self.num_workers,
+                           lambda worker_index: intake.next_request(), deliver,
+                           initial_weights=hooks.latest_weights(), on_drop=intake.dropped)
+    self.pool.start()
+    try:
+      self._train(hooks, total_steps)
+    finally:
+      self.pool.stop()
+    self.pool.raise_if_failed()
+
+  def _train(self, hooks: Hooks, total_steps: int) -> None:
     start = time.monotonic()
     while hooks.steps_done() < total_steps and not self.stop.is_set():
-      raise_if_failed()
+      self.pool.raise_if_failed()
       if not hooks.can_train():
         t0 = time.monotonic()
         self.stop.wait(self.poll_seconds)
         self.wait_seconds += time.monotonic() - t0
         continue
-      now = clock_offset + time.monotonic() - start
-      hooks.train_step(now)
-      hooks.finish_step(clock_offset + time.monotonic() - start)
+      handle = hooks.train_step(time.monotonic() - start)
+      weights = hooks.publish_if_due(handle)
+      if weights is not None:
+        self.pool.refresh(weights)
+      hooks.finish_step(handle, time.monotonic() - start)

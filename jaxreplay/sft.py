@@ -2,12 +2,14 @@ r"""Supervised warm-start: RL needs a policy that is sometimes right.
 
   python -m jaxreplay.sft --config=configs/tiny.py --out=assets/tiny-arith-sft
 
-trains the config's model preset from random weights on the config's task with cross-entropy on the
-answer tokens (+ eos), with the settings of `config.sft` (steps, batch, learning_rate, seed,
-carry_drop; the `--sft_*` flags override them), then writes an HF model directory (weights,
-config.json, tokenizer) that the RL run starts from (`config.model.path`). Greedy held-out accuracy is measured by teacher forcing:
-greedy decoding produces exactly answer + eos iff every answer token is the argmax given the right
-prefix, so the fraction of problems where all answer tokens are argmax IS greedy exact-match accuracy.
+trains the config's model preset from random weights on the config's task with cross-entropy on
+the answer tokens (+ eos), with the settings of `config.sft` (steps, batch, learning_rate, seed,
+carry_drop; the `--sft_*` flags are aliases of `--config.sft.*`), then writes an HF model directory
+(weights, config.json, tokenizer) that the RL run starts from (`config.model.path`). The task,
+tokenizer and model come from `jaxreplay.build`, batches from `collate`, the optimizer from `optim`.
+Greedy held-out accuracy is measured by teacher forcing: greedy decoding produces exactly
+answer + eos iff every answer token is the argmax given the right prefix, so the fraction of
+problems where all answer tokens are argmax IS greedy exact-match accuracy.
 The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB).
 """
 from __future__ import annotations
@@ -26,84 +28,78 @@ from ml_collections import config_flags
 import numpy as np
 import optax
 
+from jaxreplay import build
+from jaxreplay import collate as collate_lib
 from jaxreplay import models
-from jaxreplay import tasks
-from jaxreplay.setup import make_task
+from jaxreplay import optim
+from jaxreplay.batch import Batch
+from jaxreplay.batch import Rollout
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "Output HF model directory.")
-# Each flag overrides its config.sft key when given (the same as --config.sft.<key>=...).
-_STEPS = flags.DEFINE_integer("sft_steps", None, "Gradient steps (config.sft.steps).")
-_BATCH = flags.DEFINE_integer("sft_batch", None, "Examples per step (config.sft.batch).")
-_LR = flags.DEFINE_float("sft_lr", None, "Adam learning rate (config.sft.learning_rate).")
-_SEED = flags.DEFINE_integer("sft_seed", None, "Initialisation and data seed (config.sft.seed).")
-_CARRY_DROP = flags.DEFINE_float(
-    "sft_carry_drop", None, "Arithmetic: probability that a demonstration needing a carry drops "
-    "every carry (noisy demonstrations; RL then fixes the error) (config.sft.carry_drop).")
+# Aliases of --config.sft.<key>: each flag, when given, overrides that key.
+_ALIASES = {
+    "steps": flags.DEFINE_integer("sft_steps", None, "Alias of --config.sft.steps."),
+    "batch": flags.DEFINE_integer("sft_batch", None, "Alias of --config.sft.batch."),
+    "learning_rate": flags.DEFINE_float("sft_lr", None, "Alias of --config.sft.learning_rate."),
+    "seed": flags.DEFINE_integer("sft_seed", None, "Alias of --config.sft.seed."),
+    "carry_drop": flags.DEFINE_float("sft_carry_drop", None, "Alias of --config.sft.carry_drop."),
+}
+WARMUP_STEPS = 20
+WEIGHT_DECAY = 1e-4  # optax.adamw's default, applied to every parameter
 
 
-def _setting(flag, value):
-  return value if flag.value is None else flag.value
+def encode_examples(codec, pairs, seq_len: int) -> Batch:
+  """(prompt, answer) pairs -> a `Batch` of [N, seq_len] rows (`collate.collate`).
 
-
-def encode_examples(codec, pairs, seq_len: int):
-  """(prompt, answer) pairs -> tokens, targets, loss mask, segment ids: int32/float32 [N, seq_len].
-
-  Each row is bos + prompt + answer + eos, right-padded; the mask is 1 on targets that are answer or
-  eos tokens."""
-  rows = []
+  Each row is bos + prompt + answer + eos, right-padded; `completion_mask` is 1 on the targets
+  that are answer or eos tokens."""
+  rollouts = []
   for prompt, answer in pairs:
     p = codec.encode_prompt(prompt)
     a = np.concatenate([codec.encode(answer, add_bos=False), [codec.eos_id]]).astype(np.int32)
-    rows.append((p, a))
-  longest = max(len(p) + len(a) for p, a in rows)
-  if longest > seq_len:
-    raise ValueError(f"an SFT example has {longest} tokens > seq_len={seq_len}; raise "
-                     "config.model.max_len")
-  n = len(rows)
-  tokens = np.full((n, seq_len), codec.pad_id, np.int32)
-  mask = np.zeros((n, seq_len), np.float32)
-  seg = np.zeros((n, seq_len), np.int32)
-  for i, (p, a) in enumerate(rows):
-    seq = np.concatenate([p, a])
-    tokens[i, :len(seq)] = seq
-    seg[i, :len(seq)] = 1
-    mask[i, len(p) - 1:len(seq) - 1] = 1.0  # targets[t] = tokens[t+1] is an answer/eos token
-  targets = np.concatenate([tokens[:, 1:], np.full((n, 1), codec.pad_id, np.int32)], axis=1)
-  return tokens, targets, mask, seg
+    if len(p) + len(a) > seq_len:
+      raise ValueError(f"an SFT example has {len(p) + len(a)} tokens > seq_len={seq_len}; raise "
+                       "config.model.max_len")
+    rollouts.append(Rollout(prompt_tokens=p, completion_tokens=a, logprobs=np.zeros(len(a)),
+                            reward=0.0, advantage=0.0, policy_version=0, group_id=0))
+  return collate_lib.collate(rollouts, buckets=(seq_len,), pad_id=codec.pad_id)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _greedy_hits(model_cfg, params, tokens, targets, mask, seg):
-  pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-  logits = models.apply(model_cfg, params, tokens, positions=pos, segment_ids=seg)
-  return jnp.all((jnp.argmax(logits, -1) == targets) | (mask == 0), axis=1)
+def _greedy_hits(model_cfg, params, batch: Batch):
+  logits = models.apply(model_cfg, params, batch.tokens, positions=batch.positions,
+                        segment_ids=batch.segment_ids)
+  return jnp.all((jnp.argmax(logits, -1) == batch.targets) | (batch.completion_mask == 0), axis=1)
 
 
 def greedy_exact_match(model_cfg, params, codec, pairs, seq_len: int) -> np.ndarray:
   """bool [N]: whether greedy decoding of each (prompt, target) pair produces exactly target + eos,
   computed by teacher forcing (every target token is the argmax given the right prefix)."""
-  arrays = encode_examples(codec, pairs, seq_len)
-  return np.asarray(_greedy_hits(model_cfg, params, *arrays))
+  return np.asarray(_greedy_hits(model_cfg, params, encode_examples(codec, pairs, seq_len)))
 
 
 def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: int,
               seq_len: int, log_every: int = 50, carry_drop: float = 0.0):
-  """Returns (params, {"sft/greedy_accuracy": held-out greedy exact match, ...})."""
+  """Returns (params, {"sft/greedy_accuracy": held-out greedy exact match, ...}).
+
+  Adam with global-norm clipping at 1 (`optim.make_optimizer`), learning rate warmed up from 0 over
+  20 steps, then cosine to 10% at `steps`."""
   params = models.init_params(model_cfg, jax.random.PRNGKey(seed))
-  opt = optax.chain(optax.clip_by_global_norm(1.0),
-                    optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, 20, steps, lr * 0.1)))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, WARMUP_STEPS, steps, lr * 0.1)
+  opt = optim.make_optimizer(schedule, weight_decay=WEIGHT_DECAY, max_grad_norm=1.0,
+                             decay_mask=None)
   opt_state = opt.init(params)
 
-  def loss_fn(p, tokens, targets, mask, seg):
-    pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-    lp = models.token_logprobs(model_cfg, p, tokens, targets, positions=pos, segment_ids=seg)
-    return -(lp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  def loss_fn(p, b: Batch):
+    lp = models.token_logprobs(model_cfg, p, b.tokens, b.targets, positions=b.positions,
+                               segment_ids=b.segment_ids)
+    return -(lp * b.completion_mask).sum() / jnp.maximum(b.completion_mask.sum(), 1.0)
 
   @jax.jit
-  def step(p, s, tokens, targets, mask, seg):
-    loss, g = jax.value_and_grad(loss_fn)(p, tokens, targets, mask, seg)
+  def step(p, s, b: Batch):
+    loss, g = jax.value_and_grad(loss_fn)(p, b)
     updates, s = opt.update(g, s, p)
     return optax.apply_updates(p, updates), s, loss
 
@@ -112,8 +108,7 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
   t0 = time.time()
   for i in range(steps):
     pairs = [next(examples) for _ in range(batch)]
-    arrays = encode_examples(codec, pairs, seq_len)
-    params, opt_state, loss = step(params, opt_state, *arrays)
+    params, opt_state, loss = step(params, opt_state, encode_examples(codec, pairs, seq_len))
     if (i + 1) % log_every == 0 or i == 0:
       rate = (i + 1) / (time.time() - t0)
       logging.info("sft step %d/%d loss %.4f (%.1f steps/s, ETA %.0f s)", i + 1, steps,
@@ -128,24 +123,24 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
 def main(argv):
   del argv
   config = _CONFIG.value
-  if _setting(_CARRY_DROP, config.sft.carry_drop) and config.task.name != "arithmetic":
+  for key, flag in _ALIASES.items():
+    if flag.value is not None:
+      config.sft[key] = flag.value
+  s = config.sft
+  if s.carry_drop and config.task.name != "arithmetic":
     raise ValueError("sft carry_drop applies to task.name='arithmetic' only; set "
                      "--config.sft.carry_drop=0")
-  task = make_task(config)
-  with tempfile.TemporaryDirectory() as tok_dir:
-    tasks.build_char_tokenizer(task.charset, tok_dir)
-    codec = tasks.load_tokenizer(tok_dir)
-    model_cfg = models.presets.PRESETS[config.model.preset](
-        vocab_size=codec.vocab_size, bos_token_id=codec.bos_id, eos_token_id=codec.eos_id,
-        pad_token_id=codec.pad_id)
-    seq_len = config.model.max_len
-    s = config.sft
-    params, stats = train_sft(model_cfg, codec, task, _setting(_STEPS, s.steps),
-                              _setting(_BATCH, s.batch), _setting(_LR, s.learning_rate),
-                              _setting(_SEED, s.seed), seq_len,
-                              carry_drop=_setting(_CARRY_DROP, s.carry_drop))
+  config.model.path = ""  # train the preset from scratch (model.path is usually this run's output)
+  config.model.tokenizer = ""
+  task = build.make_task(config)
+  with tempfile.TemporaryDirectory() as workdir:
+    codec, tok_dir = build.load_codec(config, task, workdir)  # a character tokenizer of the task
+    model_cfg = build.model_config(config, codec)
+    params, stats = train_sft(model_cfg, codec, task, s.steps, s.batch, s.learning_rate, s.seed,
+                              config.model.max_len, carry_drop=s.carry_drop)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     models.save_hf(model_cfg, params, _OUT.value, tokenizer_dir=tok_dir)
+  task.close()
   logging.info("wrote %s: %s", _OUT.value, stats)
   print(stats)
 

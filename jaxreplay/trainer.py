@@ -11,8 +11,8 @@ batch (up to float32 summation order), for every aggregation of `jaxreplay.losse
   token_mean     loss = sum_k (n_k / N) loss_k   n_k, N: valid tokens in micro-batch k / the batch
   sequence_mean  loss = sum_k (r_k / R) loss_k   r_k, R: rows with >= 1 valid token
   constant       loss = sum_k loss_k             each loss_k divides by the whole batch's normaliser
-Aux statistics combine the same way: num_tokens sums, *_max takes the max, advantage_mean weighs by
-rows, pg_loss like the loss, every other (token-mean) statistic weighs by tokens.
+Aux statistics combine by the kind `losses.AUX_KINDS` declares for each (sum, max, weighted by
+tokens, by rows, or like the loss); a statistic without a declared kind is an error, with any k.
 
 The KL option keeps frozen reference params in `TrainState.ref_params` (no optimizer state for them);
 reference log-probs are computed inside the step, without gradients.
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxreplay import algorithms
 from jaxreplay import losses
 from jaxreplay import sharding
 from jaxreplay.batch import Batch
@@ -35,7 +36,7 @@ from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
 
-LOSSES = ("grpo", "asymre")
+LOSSES = tuple(algorithms.ALGORITHMS)
 
 
 @flax.struct.dataclass
@@ -52,10 +53,14 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class LossFn:
-  """`loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)` over `jaxreplay.losses`.
+  """One algorithm's loss: `loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)`.
+
+  Calls `algorithms.ALGORITHMS[name].loss` with the options that algorithm takes. Build it with
+  `make_loss_fn`, which documents them (truncated importance sampling included).
 
   Holds only scalars (hashable): the trainer never reads a config object. `aggregation` and
-  `normalizer` tell the trainer how to weigh micro-batches.
+  `normalizer` tell the trainer how to weigh micro-batches, `needs_ref` whether the step needs
+  reference log-probs.
   """
   name: str = "grpo"
   aggregation: str = "token_mean"
@@ -63,41 +68,82 @@ class LossFn:
   eps_high: float = 0.2
   kl_coef: float = 0.0
   normalizer: Optional[float] = None
+  tis_cap: float = 0.0
+
+  def __post_init__(self):
+    algorithm = algorithms.get(self.name)
+    if self.aggregation not in losses.AGGREGATIONS:
+      raise ValueError(f"aggregation {self.aggregation!r} is unknown; expected one of "
+                       f"{losses.AGGREGATIONS}")
+    if self.normalizer is not None and self.aggregation != "constant":
+      raise ValueError("normalizer is only used with aggregation='constant', got "
+                       f"{self.aggregation!r}")
+    if self.tis_cap < 0:
+      raise ValueError(f"tis_cap={self.tis_cap}: must be >= 0 (0 is off, 2.0 is common)")
+    if self.tis_cap and "tis_cap" not in algorithm.loss_options:
+      raise ValueError(f"tis_cap={self.tis_cap}: loss {self.name!r} has no importance ratio (it uses "
+                       "the samples as they are, never pi_theta / pi_sampler), so there is nothing "
+                       "to truncate; set tis_cap=0")
+    if self.tis_cap and not (self.eps_low > 0 and self.eps_high > 0):
+      raise ValueError(f"tis_cap={self.tis_cap} needs eps_low > 0 and eps_high > 0 (got "
+                       f"{self.eps_low}, {self.eps_high}): the clipped ratio is then exactly 1, and on "
+                       "a clip boundary the gradients of min / clip split at the tie")
 
   @property
   def needs_ref(self) -> bool:
     return self.kl_coef != 0.0
 
   def __call__(self, logprobs: jax.Array, batch: Batch, ref_logprobs: Optional[jax.Array] = None):
-    common = dict(aggregation=self.aggregation, normalizer=self.normalizer,
-                  ref_logprobs=ref_logprobs, kl_coef=self.kl_coef)
-    if self.name == "grpo":
-      return losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
-                              batch.completion_mask, self.eps_low, self.eps_high, **common)
-    return losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
-                              behaviour_logprobs=batch.behaviour_logprobs, **common)
+    algorithm = algorithms.ALGORITHMS[self.name]
+    options = {name: getattr(self, name) for name in algorithm.loss_options}
+    return algorithm.loss(logprobs, batch, ref_logprobs, aggregation=self.aggregation,
+                          normalizer=self.normalizer, kl_coef=self.kl_coef, **options)
 
 
 def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: float = 0.2,
                  eps_high: float = 0.2, kl_coef: float = 0.0, normalizer: Optional[float] = None,
                  tis_cap: float = 0.0) -> LossFn:
-  """The loss closure for `make_train_step`: "grpo" (clipped ratio) or "asymre" (no ratio).
+  """The loss for `make_train_step`: an algorithm of `algorithms.ALGORITHMS` with its options.
 
-  tis_cap must be 0: truncated IS needs the trainer's log-probs at each rollout's own policy version,
-  which a `Batch` does not carry.
+  Args:
+    name: "grpo" (clipped ratio, `losses.grpo_loss`) or "asymre" (no ratio, `losses.asymre_loss`).
+    aggregation: "token_mean" | "sequence_mean" | "constant" (see `losses.aggregate`).
+    eps_low, eps_high: GRPO's clip range [1 - eps_low, 1 + eps_high]; AsymRE ignores them.
+    kl_coef: weight of the k3 KL penalty to the frozen reference params (the train state needs
+      `init_train_state(..., with_ref_params=True)`).
+    normalizer: the "constant" divisor; None for the whole batch's B * T.
+    tis_cap: C > 0 turns on truncated importance sampling (GRPO only, see below); 0 is off and
+      leaves the loss exactly as without the option.
+
+  Truncated importance sampling (TIS), tis_cap = C > 0. The usual TIS weight uses the trainer's
+  log-probs under the parameters of the version that generated each rollout; a replay trainer cannot
+  recompute those per rollout, so this uses its log-probs at the current params theta:
+  `losses.grpo_loss` gets tis_logprobs = stop_gradient(logprobs) and tis_cap = C, which computes per
+  valid token (lp = log pi_theta, the gradient flowing through it; A the row's advantage)
+    w    = stop_gradient(min(exp(lp - behaviour_lp), C)) = min(pi_theta / pi_sampler, C)
+    rho  = exp(lp - stop_gradient(lp))                   = 1 in value, d rho / d lp = 1
+    loss = -w * min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + kl_coef * k3   (-w A + ...)
+    d loss / d lp = -w A  (+ the KL term's gradient),
+  aggregated as the loss: the update follows sum_t w A grad log pi_theta, REINFORCE with the
+  importance weight pi_theta / pi_sampler truncated at C. pi_sampler (Batch.behaviour_logprobs)
+  carries both the rollout's staleness and the sampler's numerics, so w re-weights each token towards
+  pi_theta for both (per token: the usual approximation of the sequence's ratio), and truncation
+  bounds its variance at the price of bias on tokens with w > C. The clip acts on the trainer's own
+  ratio, which is 1, so it never binds: clip_fraction is 0 and ratio_mean = ratio_max = 1, while the
+  aux gains tis_weight_mean and tis_truncated_fraction (the fraction of tokens with w at C). This is
+  the TIS correction of verl, slime and OpenRLHF (Yao et al. 2025, "Your Efficient RL Framework
+  Secretly Brings You Off-Policy RL Training"; cap C = 2), there with the trainer's log-probs at the
+  behaviour version, and the truncated importance-weighted policy gradient of IMPALA (Espeholt et
+  al. 2018, arXiv 1802.01561, V-trace's rho-bar) and ACER (Wang et al. 2017, arXiv 1611.01224,
+  without its bias correction). AsymRE has no importance ratio: tis_cap > 0 with it is an error.
+
+  Raises:
+    ValueError: an unknown name or aggregation, a normalizer without "constant", tis_cap < 0,
+      tis_cap > 0 with AsymRE, or tis_cap > 0 with eps_low or eps_high 0.
   """
-  if name not in LOSSES:
-    raise ValueError(f"loss {name!r} is unknown; expected one of {LOSSES}")
-  if aggregation not in losses.AGGREGATIONS:
-    raise ValueError(f"aggregation {aggregation!r} is unknown; expected one of {losses.AGGREGATIONS}")
-  if tis_cap:
-    raise ValueError(f"tis_cap={tis_cap}: truncated importance sampling needs per-token trainer "
-                     "log-probs at the behaviour policy version, which Batch does not carry; set "
-                     "tis_cap=0")
-  if normalizer is not None and aggregation != "constant":
-    raise ValueError(f"normalizer is only used with aggregation='constant', got {aggregation!r}")
   return LossFn(name=name, aggregation=aggregation, eps_low=float(eps_low), eps_high=float(eps_high),
-                kl_coef=float(kl_coef), normalizer=None if normalizer is None else float(normalizer))
+                kl_coef=float(kl_coef), normalizer=None if normalizer is None else float(normalizer),
+                tis_cap=float(tis_cap))
 
 
 # ---- train state ------------------------------------------------------------------------------
@@ -177,47 +223,58 @@ def _global_norm(tree: Any) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
+def _aux_kind(key: str) -> str:
+  """losses.AUX_KINDS[key], or an error that names the key and where to declare it."""
+  kind = losses.AUX_KINDS.get(key)
+  if kind not in losses.AUX_KIND_NAMES:
+    raise ValueError(
+        f"loss statistic {key!r} has no valid kind in jaxreplay.losses.AUX_KINDS (got {kind!r}): "
+        f"declare there how it combines over micro-batches, one of {losses.AUX_KIND_NAMES}")
+  return kind
+
+
 def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Array) -> dict:
-  """Per-micro-batch aux [k] -> batch aux (see the module docstring for the rules)."""
-  out = {}
-  for key, v in aux.items():
-    if key == "num_tokens":
-      out[key] = jnp.sum(v)
-    elif key.endswith("_max"):
-      out[key] = jnp.max(v)
-    elif key == "advantage_mean":
-      out[key] = jnp.sum(row_w * v)
-    elif key == "pg_loss":
-      out[key] = jnp.sum(loss_w * v)
-    else:
-      out[key] = jnp.sum(tok_w * v)
-  return out
+  """Per-micro-batch aux [k] -> batch aux, each statistic by its kind in `losses.AUX_KINDS`.
+
+  tok_w, row_w, loss_w: float32 [k], the micro-batches' shares of valid tokens, of rows with valid
+  tokens, and of the loss.
+  """
+  combine = {
+      "sum": jnp.sum,
+      "max": jnp.max,
+      "token_mean": lambda v: jnp.sum(tok_w * v),
+      "row_mean": lambda v: jnp.sum(row_w * v),
+      "loss": lambda v: jnp.sum(loss_w * v),
+  }
+  return {key: combine[_aux_kind(key)](v) for key, v in aux.items()}
 
 
 def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
-                    loss_fn: Callable, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
+                    loss_fn: LossFn, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
                     chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
                     compute_entropy: bool = True, donate: bool = True):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
-  loss_fn: `loss_fn(logprobs, batch, ref_logprobs=None) -> (loss, aux)`, typically `make_loss_fn(...)`;
-    its `aggregation` / `normalizer` attributes (default token_mean) set the micro-batch weights.
+  loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
+    weights, its needs_ref whether the step computes reference log-probs.
   num_microbatches: k; B must be a multiple of k * data * fsdp.
   chunk_size: sequence chunk of the LM head in `token_logprobs`.
   learning_rate_fn: the optimizer's schedule (`optim.make_schedule(...)`), for the learning_rate metric.
   compute_entropy: report the mean next-token entropy over completion tokens (costs one extra pass
     over each logits chunk).
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
-    entropy, tokens (completion tokens), seq_tokens (non-padding tokens), staleness_mean /
-    staleness_max (state.step - policy_version over rows with completion tokens), and loss_fn's aux.
+    entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
+    of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
+    (`ReplayBuffer.sample(..., current_version=)`), once.
   """
+  if not isinstance(loss_fn, LossFn):
+    raise TypeError(f"loss_fn must be a trainer.LossFn, built by trainer.make_loss_fn(name, ...); "
+                    f"got {type(loss_fn).__name__}")
   k = int(num_microbatches)
   if k < 1:
     raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
-  aggregation = getattr(loss_fn, "aggregation", "token_mean")
-  if aggregation not in losses.AGGREGATIONS:
-    raise ValueError(f"loss_fn.aggregation={aggregation!r}; expected one of {losses.AGGREGATIONS}")
-  needs_ref = getattr(loss_fn, "needs_ref", False)
+  aggregation = loss_fn.aggregation
+  needs_ref = loss_fn.needs_ref
   multiple = sharding.batch_size_multiple(mesh)
 
   def forward(params, ref_params, mb: Batch, lfn):
@@ -252,12 +309,14 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
       raise ValueError("loss_fn has kl_coef != 0 but the state has no ref_params; create it with "
                        "init_train_state(..., with_ref_params=True)")
     lfn = loss_fn
-    if aggregation == "constant" and getattr(loss_fn, "normalizer", 0) is None:
+    if aggregation == "constant" and loss_fn.normalizer is None:
       lfn = dataclasses.replace(loss_fn, normalizer=float(b * t))  # the whole batch's B * T
     n_tok, n_rows = _counts(batch.completion_mask)
 
     if k == 1:
       loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn)
+      for key in aux:
+        _aux_kind(key)  # an undeclared statistic fails with k = 1 too, not once k > 1 is set
     else:
       mbs = _split_microbatches(batch, k, mesh)
       param_sh = state_shardings.params
@@ -285,13 +344,9 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
 
-    row_valid = jnp.sum(batch.completion_mask, axis=1) > 0
-    staleness = (state.step - batch.policy_version).astype(jnp.float32)
     metrics = {
         "loss": loss, "grad_norm": grad_norm, "param_norm": _global_norm(params),
         "tokens": n_tok, "seq_tokens": jnp.sum((batch.segment_ids > 0).astype(jnp.float32)),
-        "staleness_mean": jnp.sum(jnp.where(row_valid, staleness, 0.0)) / jnp.maximum(n_rows, 1.0),
-        "staleness_max": jnp.max(jnp.where(row_valid, staleness, 0.0)),
     }
     if compute_entropy:
       metrics["entropy"] = ent_sum / jnp.maximum(n_tok, 1.0)

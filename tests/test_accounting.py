@@ -18,12 +18,12 @@ def test_gamma_paper_example():
   assert g == pytest.approx(0.4246, abs=1e-4)
   assert g == pytest.approx(0.43, abs=0.01)  # the paper's rounded figure (0.4246 exactly)
   assert accounting.gamma(4, 4, 1.0) == 1.0  # W/T = mu: no saving
-  with pytest.raises(ValueError, match="num_trainers"):
+  with pytest.raises(ValueError, match="num_trainer_devices"):
     accounting.gamma(1, 0, 1.0)
 
 
 def test_measured_mu_seconds_and_flops():
-  acct = accounting.ComputeAccountant(num_workers=5, num_trainers=3, model_cfg=CFG, seq_len=32)
+  acct = accounting.ComputeAccountant(num_workers=5, num_trainer_devices=3, model_cfg=CFG, seq_len=32)
   m0 = acct.metrics()
   assert math.isnan(m0["compute/mu"]) and math.isnan(m0["compute/gamma"])
   assert m0["compute_seconds"] == 0.0 and m0["compute/w_over_t"] == pytest.approx(5 / 3)
@@ -51,7 +51,7 @@ def test_measured_mu_seconds_and_flops():
 
 
 def test_accountant_threads_state_and_errors():
-  acct = accounting.ComputeAccountant(num_workers=2, num_trainers=1)
+  acct = accounting.ComputeAccountant(num_workers=2, num_trainer_devices=1)
   threads = [threading.Thread(target=lambda: [acct.add_generation(0.001, 1) for _ in range(500)])
              for _ in range(4)]
   for t in threads:
@@ -63,12 +63,12 @@ def test_accountant_threads_state_and_errors():
   assert m["compute/generation_tokens"] == 2000
   assert m["compute/generation_seconds"] == pytest.approx(2.0)
   assert m["compute/flops"] == 0.0  # no model config: FLOPs are not counted
-  resumed = accounting.ComputeAccountant(num_workers=2, num_trainers=1)
+  resumed = accounting.ComputeAccountant(num_workers=2, num_trainer_devices=1)
   resumed.load_state_dict(acct.state_dict())
   assert resumed.metrics() == m
   with pytest.raises(ValueError, match="lacks"):
     resumed.load_state_dict({"updates": 1})
   with pytest.raises(ValueError, match="negative"):
     acct.add_training(-1.0, 10)
-  with pytest.raises(ValueError, match="num_trainers > 0"):
+  with pytest.raises(ValueError, match="num_trainer_devices > 0"):
     accounting.ComputeAccountant(1, 0)

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import require
 
+pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
 
@@ -134,8 +136,9 @@ def test_vllm_backend_end_to_end(tmp_path):
   assert rows[-1]["mismatch/exp_abs_diff"] <= 1.05
 
 
-def _spawned_children(pid: int) -> list[int]:
-  """pids of the multiprocessing-spawned children of `pid` (the vLLM worker processes)."""
+def _vllm_children(pid: int) -> list[int]:
+  """pids of the vLLM worker processes of `pid`: `jaxreplay.child_process` children started with
+  the engine's environment (VLLM_CPU_KVCACHE_SPACE)."""
   out = []
   for entry in os.listdir("/proc"):
     if not entry.isdigit():
@@ -145,9 +148,11 @@ def _spawned_children(pid: int) -> list[int]:
         ppid = int(f.read().rsplit(")", 1)[1].split()[1])
       with open(f"/proc/{entry}/cmdline", "rb") as f:
         cmd = f.read()
+      with open(f"/proc/{entry}/environ", "rb") as f:
+        environ = f.read()
     except (OSError, ValueError, IndexError):
       continue
-    if ppid == pid and b"spawn_main" in cmd:
+    if ppid == pid and b"jaxreplay.child_process" in cmd and b"VLLM_CPU_KVCACHE_SPACE=" in environ:
       out.append(int(entry))
   return sorted(out)
 
@@ -170,7 +175,7 @@ def test_vllm_async_worker_processes(tmp_path):
     while time.time() < deadline and proc.poll() is None and killed is None:
       time.sleep(0.5)
       if os.path.exists(metrics) and len(read_rows(workdir)) >= 3:
-        children = _spawned_children(proc.pid)
+        children = _vllm_children(proc.pid)
         if len(children) >= 2:
           killed = children[0]
           os.kill(killed, signal.SIGKILL)
@@ -206,7 +211,7 @@ def test_bad_config_fails_fast_with_a_fix(tmp_path):
 
 def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
   import importlib.util
-  from jaxreplay import setup
+  from jaxreplay import build
   from jaxreplay.config_defaults import base_config
   real = importlib.util.find_spec
   for installed, expect in ((True, "vllm"), (False, "jax")):
@@ -215,6 +220,6 @@ def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
                         if name == "vllm" else real(name, *a))
     c = base_config()
     c.rollout.backend = "auto"
-    assert setup.resolve_backend(c) == expect and c.rollout.backend == expect
+    assert build.resolve_backend(c) == expect and c.rollout.backend == expect
   c.rollout.backend = "jax"
-  assert setup.resolve_backend(c) == "jax"
+  assert build.resolve_backend(c) == "jax"

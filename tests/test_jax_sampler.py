@@ -12,7 +12,7 @@ from scipy import stats
 
 from jaxreplay import models
 from jaxreplay.rollout import jax_sampler
-from jaxreplay.rollout.base import SamplingParams
+from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler, filter_logits, sample_token
 
 # ---- numpy references ---------------------------------------------------------------------------
@@ -340,18 +340,20 @@ def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
   heads = lambda groups: [int(g.completions[0].tokens[0]) for g in groups]
   before = s.generate(PROMPTS, 1, greedy)
   assert [g.policy_version for g in before] == [0] * 3 and heads(before) == first_greedy(params)
-  s.set_params(new_params, version=3)
+  s.load_weights(Weights(3, params=new_params))
   after = s.generate(PROMPTS, 1, greedy)
   assert [g.policy_version for g in after] == [3] * 3 and heads(after) == first_greedy(new_params)
-  s.update_weights(str(tmp_path / "v0"), 4)
+  s.load_weights(Weights(4, hf_dir=str(tmp_path / "v0")))
   assert heads(s.generate(PROMPTS, 1, greedy)) == first_greedy(params) and s.policy_version == 4
-  s.update_weights(str(tmp_path / "v5"), 5)
+  s.load_weights(Weights(5, hf_dir=str(tmp_path / "v5")))
   groups = s.generate(PROMPTS, 1, greedy)
   assert heads(groups) == first_greedy(new_params) and groups[0].policy_version == 5
   other = tiny_model(vocab=48)
   models.save_hf(*other, str(tmp_path / "other"))
   with pytest.raises(ValueError, match="differs from this sampler"):
-    s.update_weights(str(tmp_path / "other"), 6)
+    s.load_weights(Weights(6, hf_dir=str(tmp_path / "other")))
+  with pytest.raises(ValueError, match="neither params nor hf_dir"):
+    s.load_weights(Weights(7))
   s.close()
   with pytest.raises(ValueError, match="closed"):
     s.generate(PROMPTS, 1, greedy)

@@ -9,6 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxreplay import algorithms
+from jaxreplay import batch as batch_lib
+from jaxreplay import experience
 from jaxreplay import losses
 
 AGGS = ("token_mean", "sequence_mean", "constant")
@@ -534,3 +537,122 @@ class InputErrorsTest(chex.TestCase):
       losses.aggregate(x["logprobs"], x["mask"], "constant", normalizer=0)
     with pytest.raises(ValueError, match="eps_low"):
       losses.grpo_loss(*args, eps_low=-0.1)
+
+
+# ------------------------------------------------------------- the algorithm table and aux kinds
+
+
+def as_batch(x):
+  """make_inputs as a Batch (the token fields are unused by the losses)."""
+  num_rows, num_tokens = x["mask"].shape
+  ints = np.zeros((num_rows, num_tokens), np.int32)
+  return batch_lib.Batch(tokens=ints, positions=ints, segment_ids=ints, targets=ints,
+                         completion_mask=x["mask"], behaviour_logprobs=x["behaviour_logprobs"],
+                         advantages=x["advantages"], rewards=np.zeros(num_rows, np.float32),
+                         policy_version=np.zeros(num_rows, np.int32))
+
+
+class AlgorithmsTest(chex.TestCase):
+
+  def test_table(self):
+    self.assertEqual(set(algorithms.ALGORITHMS), {"grpo", "asymre"})
+    self.assertIs(algorithms.get("asymre"), algorithms.ALGORITHMS["asymre"])
+    with pytest.raises(ValueError, match="'ppo' is unknown.*grpo.*asymre"):
+      algorithms.get("ppo")
+    with pytest.raises(ValueError, match="unknown"):
+      experience.make_advantage_fn("ppo")
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_advantages_equal_the_losses_functions(self):
+    rewards = np.random.default_rng(50).normal(size=(3, 4)).astype(np.float32)
+    rewards[1] = 0.5
+    grpo, asymre = algorithms.ALGORITHMS["grpo"], algorithms.ALGORITHMS["asymre"]
+    got = self.variant(lambda r: (grpo.advantages(r, adv_eps=1e-3), asymre.advantages(r, tau=0.25)))(
+        rewards)
+    want = (losses.grpo_advantages(rewards, eps=1e-3), losses.asymre_advantages(rewards, tau=0.25))
+    chex.assert_trees_all_equal(got, want)
+    # experience.make_advantage_fn (numpy in, numpy out) passes each algorithm only its own option.
+    chex.assert_trees_all_equal(experience.make_advantage_fn("grpo", adv_eps=1e-3, tau=9.0)(rewards),
+                                np.asarray(want[0]))
+    chex.assert_trees_all_equal(experience.make_advantage_fn("asymre", adv_eps=9.0, tau=0.25)(rewards),
+                                np.asarray(want[1]))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*AGGS)
+  def test_losses_equal_the_losses_functions(self, aggregation):
+    x = make_inputs(51)
+    batch = as_batch(x)
+    normalizer = 40.0 if aggregation == "constant" else None
+    common = dict(aggregation=aggregation, normalizer=normalizer, kl_coef=0.1)
+
+    def fn(lp, batch, ref):
+      table = (algorithms.ALGORITHMS["grpo"].loss(lp, batch, ref, eps_low=EPS_LOW,
+                                                  eps_high=EPS_HIGH, tis_cap=0.0, **common),
+               algorithms.ALGORITHMS["asymre"].loss(lp, batch, ref, **common))
+      direct = (losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
+                                 batch.completion_mask, EPS_LOW, EPS_HIGH, ref_logprobs=ref,
+                                 **common),
+                losses.asymre_loss(lp, batch.advantages, batch.completion_mask, ref_logprobs=ref,
+                                   behaviour_logprobs=batch.behaviour_logprobs, **common))
+      return table, direct
+
+    table, direct = self.variant(fn)(x["logprobs"], batch, x["ref_logprobs"])
+    chex.assert_trees_all_equal(table, direct)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(aggregation=AGGS, with_kl=(False, True))
+  def test_grpo_tis_loss_and_grad_vs_numpy(self, aggregation, with_kl):
+    """tis_cap = C: per token w = min(pi_theta / pi_sampler, C), loss -w A, gradient -w A."""
+    cap, kl_coef = 1.2, 0.05
+    x = make_inputs(52)
+    lp, blp, ref, mask = (x[k].astype(np.float64) for k in (
+        "logprobs", "behaviour_logprobs", "ref_logprobs", "mask"))
+    adv = x["advantages"].astype(np.float64)[:, None]
+    normalizer = 50.0 if aggregation == "constant" else None
+    kw = dict(aggregation=aggregation, normalizer=normalizer, eps_low=EPS_LOW, eps_high=EPS_HIGH,
+              tis_cap=cap, kl_coef=kl_coef if with_kl else 0.0)
+    ref_arg = x["ref_logprobs"] if with_kl else None
+    loss_fn = functools.partial(algorithms.ALGORITHMS["grpo"].loss, **kw)
+
+    def fn(lp, batch, ref):
+      return loss_fn(lp, batch, ref), jax.grad(lambda a: loss_fn(a, batch, ref)[0])(lp)
+
+    (loss, aux), grad = self.variant(fn)(x["logprobs"], as_batch(x), ref_arg)
+
+    valid = mask > 0
+    ratio = np.exp(lp - blp)
+    w = np.minimum(ratio, cap)
+    per_token, d_per_token = -w * adv, -w * adv
+    if with_kl:
+      k3 = np.exp(ref - lp) - (ref - lp) - 1.0
+      per_token = per_token + kl_coef * k3
+      d_per_token = d_per_token + kl_coef * (1.0 - np.exp(ref - lp))
+    per_token, d_per_token = per_token * mask, d_per_token * mask
+    np.testing.assert_allclose(loss, np_aggregate(per_token, mask, aggregation, normalizer),
+                               rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(grad, d_per_token * grad_scale(mask, aggregation, normalizer),
+                                rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(aux["pg_loss"], np_aggregate(-w * adv * mask, mask, aggregation,
+                                                            normalizer), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(aux["tis_weight_mean"], w[valid].mean(), rtol=1e-5)
+    truncated = (ratio >= cap)[valid].mean()
+    self.assertTrue(0.0 < truncated < 1.0)
+    np.testing.assert_allclose(aux["tis_truncated_fraction"], truncated, rtol=1e-6)
+    # The clipped ratio is the trainer's own, exactly 1: the clip never binds.
+    self.assertEqual(float(aux["clip_fraction"]), 0.0)
+    self.assertEqual(float(aux["ratio_mean"]), 1.0)
+    self.assertEqual(float(aux["ratio_max"]), 1.0)
+
+  def test_every_statistic_has_a_kind(self):
+    """AUX_KINDS declares exactly the keys the losses return, each with a valid kind."""
+    x = make_inputs(53)
+    returned = set()
+    for kw in ({}, {"kl_coef": 0.1, "ref_logprobs": x["ref_logprobs"]},
+               {"tis_cap": 2.0, "tis_logprobs": x["tis_logprobs"]}):
+      returned |= set(losses.grpo_loss(x["logprobs"], x["behaviour_logprobs"], x["advantages"],
+                                       x["mask"], **kw)[1])
+    returned |= set(losses.asymre_loss(x["logprobs"], x["advantages"], x["mask"], kl_coef=0.1,
+                                       ref_logprobs=x["ref_logprobs"],
+                                       behaviour_logprobs=x["behaviour_logprobs"])[1])
+    self.assertEqual(returned, set(losses.AUX_KINDS))
+    self.assertTrue(set(losses.AUX_KINDS.values()) <= set(losses.AUX_KIND_NAMES))

@@ -9,6 +9,9 @@ import sys
 import numpy as np
 
 from test_end_to_end import SHORT, read_rows
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [*SHORT, "--config.trainer.schedule=constant", "--config.trainer.mesh_shape=(1,-1,1)"]

@@ -1,11 +1,11 @@
 """Parameter counts of the presets: our pytree (shapes only) == transformers (meta device) ==
-`ModelConfig.num_params()`. No weights are allocated."""
+`ModelConfig.num_params()` (read from the layout table). No weights are allocated."""
 import jax
 import numpy as np
 import pytest
 
 from conftest import require
-from jaxreplay.models import presets, transformer
+from jaxreplay.models import layout, presets, transformer
 
 torch = require("torch")
 transformers = require("transformers")
@@ -39,3 +39,19 @@ def test_param_count_matches_transformers(name):
   if name in PUBLISHED:
     assert ours == PUBLISHED[name]
   assert ("lm_head" in shapes) == (not cfg.tie_word_embeddings)
+
+
+# The layout's count (behind ModelConfig.num_params) is the size of what init_params builds.
+VARIANTS = {"preset": {}, "untied": {"tie_word_embeddings": False},
+            "tied": {"tie_word_embeddings": True},
+            "qwen2_bias": {"model_type": "qwen2", "attention_bias": True, "qk_norm": False}}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(presets.PRESETS))
+def test_layout_counts_equal_init_params(name, variant):
+  cfg = presets.PRESETS[name](**VARIANTS[variant])
+  shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+  assert jax.tree.map(lambda x: x.shape, shapes) == layout.param_shapes(cfg)
+  ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  assert layout.num_params(cfg) == cfg.num_params() == ours

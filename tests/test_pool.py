@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from jaxreplay import models
-from jaxreplay.rollout.base import Completion, Group, SamplingParams
+from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.pool import Delivery, PromptBatch, WorkerPool
-from jaxreplay.rollout.vllm_worker import WorkerDied
 
 SAMPLING = SamplingParams(max_tokens=4)
 
@@ -52,13 +51,13 @@ class FakeWorker:
     finally:
       self.in_generate.clear()
 
-  def update_weights(self, hf_dir, version):
+  def load_weights(self, weights):
     if self.in_generate.is_set():
-      raise AssertionError("update_weights ran during a request")
+      raise AssertionError("load_weights ran during a request")
     if self.die.is_set():
       raise WorkerDied("dead")
-    self.updates.append((hf_dir, version))
-    self.policy_version = version
+    self.updates.append((weights.hf_dir, weights.version))
+    self.policy_version = weights.version
 
   def kill(self):
     self.die.set()
@@ -120,7 +119,7 @@ def test_groups_reach_sink_tagged_and_refresh_between_requests():
   try:
     pool.wait_ready(10)
     rec.wait_for(lambda ds: len(ds) >= 6)
-    pool.refresh("/weights/v1", 1)
+    pool.refresh(Weights(1, hf_dir="/weights/v1"))
     pool.wait_for_version(1, 10)
     mark = len(rec.deliveries)
     rec.wait_for(lambda ds: len(ds) >= mark + 6)
@@ -147,9 +146,9 @@ def test_groups_reach_sink_tagged_and_refresh_between_requests():
 
 def test_refresh_must_not_go_back():
   rec, workers = Recorder(), {}
-  pool = make_pool(rec, workers, initial_weights=("/w/v3", 3))
+  pool = make_pool(rec, workers, initial_weights=Weights(3, hf_dir="/w/v3"))
   with pytest.raises(ValueError, match="older"):
-    pool.refresh("/w/v2", 2)
+    pool.refresh(Weights(2, hf_dir="/w/v2"))
   with pytest.raises(ValueError, match="num_workers"):
     WorkerPool(FakeWorker, 0, rec.source, rec.sink)
 
@@ -159,7 +158,7 @@ def test_killed_worker_is_replaced_refreshed_and_nothing_partial_is_delivered():
   pool = make_pool(rec, workers, worker_kwargs={"delay": 0.2}).start()
   try:
     pool.wait_ready(10)
-    pool.refresh("/weights/v3", 3)
+    pool.refresh(Weights(3, hf_dir="/weights/v3"))
     pool.wait_for_version(3, 10)
     victim = workers[0][0]
     assert victim.in_generate.wait(5)
@@ -221,7 +220,7 @@ def test_a_worker_that_keeps_dying_fails_the_pool():
 
 
 def test_a_sink_error_stops_the_pool_and_is_raised():
-  rec, workers = Recorder(), {}
+  rec = Recorder()
 
   def bad_sink(delivery):
     raise ValueError("reward function broke")
@@ -255,8 +254,9 @@ def test_source_returning_none_idles_and_wrong_type_fails():
   assert len(calls) == 5 and rec.deliveries == []
 
 
-def test_pool_of_jax_samplers_refreshed_through_weight_publisher(tmp_path):
-  """Two real JAX samplers: after a publish + refresh their log-probs are those of the new params."""
+def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(tmp_path):
+  """Two real JAX samplers: after a refresh their log-probs are those of the new params, whether
+  the handle carries device arrays (in-process) or an HF directory (WeightPublisher)."""
   from jaxreplay.models.hf_io import save_hf
   from jaxreplay.rollout.jax_sampler import JaxSampler
   from jaxreplay.rollout.weight_sync import WeightPublisher
@@ -275,27 +275,30 @@ def test_pool_of_jax_samplers_refreshed_through_weight_publisher(tmp_path):
   rec = Recorder()
   pool = WorkerPool(lambda i: JaxSampler.from_hf(str(tmp_path / "v0"), max_len=16, batch_size=4,
                                                  seed=i),
-                    2, source, rec.sink, initial_weights=(str(tmp_path / "v0"), 0))
+                    2, source, rec.sink, initial_weights=Weights(0, hf_dir=str(tmp_path / "v0")))
+  marks = {}
   with WeightPublisher(root=str(tmp_path / "pub")) as publisher:
     pool.start()
     try:
       pool.wait_ready(120)
       rec.wait_for(lambda ds: len(ds) >= 2, timeout=120)
-      hf_dir = publisher.publish(cfg, p1, version=1)
-      pool.refresh(hf_dir, 1)
-      pool.wait_for_version(1, 120)
-      mark = len(rec.deliveries)
-      rec.wait_for(lambda ds: len(ds) >= mark + 2, timeout=120)
+      for version, weights in ((1, Weights(1, params=p1, cfg=cfg)),
+                               (2, Weights(2, hf_dir=publisher.publish(cfg, p0, version=2)))):
+        pool.refresh(weights)
+        pool.wait_for_version(version, 120)
+        marks[version] = len(rec.deliveries)
+        rec.wait_for(lambda ds, m=marks[version]: len(ds) >= m + 2, timeout=120)
       pool.raise_if_failed()
     finally:
       pool.stop(30)
-  for d in rec.deliveries[mark:mark + 2]:
-    assert d.policy_version == 1
-    for g in d.groups:
-      for c in g.completions:
-        toks = np.concatenate([g.prompt_tokens, c.tokens])
-        lp = np.asarray(models.token_logprobs(cfg, p1, toks[None, :-1], toks[None, 1:]))[0]
-        np.testing.assert_allclose(c.logprobs, lp[len(g.prompt_tokens) - 1:], atol=2e-4)
+  for version, params in ((1, p1), (2, p0)):
+    for d in rec.deliveries[marks[version]:marks[version] + 2]:
+      assert d.policy_version == version
+      for g in d.groups:
+        for c in g.completions:
+          toks = np.concatenate([g.prompt_tokens, c.tokens])
+          lp = np.asarray(models.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
+          np.testing.assert_allclose(c.logprobs, lp[len(g.prompt_tokens) - 1:], atol=2e-4)
   assert {d.policy_version for d in rec.deliveries[:2]} == {0}
 
 

@@ -98,6 +98,20 @@ def test_safe_reward_process_backend_survives_timeout_crash_and_death():
     os.kill(int(new_pid), 0)  # close() ends the worker
 
 
+def test_safe_reward_process_backend_warmup_and_start_failures():
+  with rewards.SafeReward(behave, timeout_s=5.0, backend="process",
+                          warmup_args=("crash", "")) as safe:
+    assert safe("3", "3") == 1.0  # a failing warm-up call is ignored
+    assert safe.counts["reward/errors"] == 0
+  with rewards.SafeReward(behave, timeout_s=5.0, backend="process", warmup_args=("sleep", ""),
+                          start_timeout_s=0.5) as safe:
+    with pytest.raises(RuntimeError, match="did not start within"):
+      safe.start()
+    assert safe("3", "3") == 0.0  # a worker that does not start scores 0, counted as an error
+    assert safe.counts == {"reward/calls": 1, "reward/errors": 1, "reward/timeouts": 0,
+                           "reward/restarts": 1}
+
+
 def test_safe_reward_rejects_unusable_functions():
   with pytest.raises(ValueError, match="picklable"):
     rewards.SafeReward(lambda c, a: 1.0, backend="process")

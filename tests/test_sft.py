@@ -12,6 +12,9 @@ from jaxreplay import models
 from jaxreplay import tasks
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.tasks import arithmetic
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SFT = os.path.join(REPO, "assets", "tiny-arith-sft")

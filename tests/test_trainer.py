@@ -312,7 +312,7 @@ def test_grpo_with_kl_learns_on_a_fixed_batch(data):
   assert losses_[-1] < losses_[0] - 0.05, losses_
   assert history[0]["kl"] == pytest.approx(0.0, abs=1e-7) and history[-1]["kl"] > 1e-5
   np.testing.assert_allclose([h["learning_rate"] for h in history], [float(sched(i)) for i in range(8)])
-  np.testing.assert_allclose([h["staleness_mean"] for h in history], np.arange(8))
+  assert "staleness_mean" not in history[0]  # the buffer reports a batch's staleness, once
   chex.assert_trees_all_equal(_host(state.ref_params), data["params"])
   lp0 = np.asarray(data["logprob_fn"](data["params"], batch))
   lp1 = np.asarray(data["logprob_fn"](state.params, batch))
@@ -352,5 +352,89 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="tis_cap"):
-    trainer.make_loss_fn(tis_cap=2.0)
+  with pytest.raises(ValueError, match="'asymre' has no importance ratio"):
+    trainer.make_loss_fn("asymre", tis_cap=2.0)
+  with pytest.raises(ValueError, match="tis_cap=-1.0"):
+    trainer.make_loss_fn(tis_cap=-1.0)
+  with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):
+    trainer.make_loss_fn(tis_cap=2.0, eps_high=0.0)
+  with pytest.raises(ValueError, match="normalizer"):
+    trainer.make_loss_fn(normalizer=10.0)
+  with pytest.raises(TypeError, match="trainer.LossFn.*make_loss_fn.*function"):
+    trainer.make_train_step(CFG, opt, losses.grpo_loss, mesh, shardings)
+  with pytest.raises(TypeError, match="trainer.LossFn"):
+    trainer.make_train_step(CFG, opt, lambda lp, batch, ref=None: data["loss_fn"](lp, batch, ref),
+                            mesh, shardings)
+
+
+def test_undeclared_aux_kind_raises(data, monkeypatch):
+  """A statistic without a kind in losses.AUX_KINDS fails, naming it, with and without micro-batches."""
+  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.losses.AUX_KINDS"):
+    trainer._combine_aux({"new_stat": jnp.ones(2)}, jnp.ones(2), jnp.ones(2), jnp.ones(2))
+  monkeypatch.setitem(losses.AUX_KINDS, "num_tokens", "mean")
+  with pytest.raises(ValueError, match="'num_tokens'.*got 'mean'.*token_mean"):
+    trainer._combine_aux({"num_tokens": jnp.ones(2)}, jnp.ones(2), jnp.ones(2), jnp.ones(2))
+  monkeypatch.delitem(losses.AUX_KINDS, "clip_fraction")
+  mesh = _mesh((1, 1, 1))
+  for k in (1, 2):
+    with pytest.raises(ValueError, match="'clip_fraction'.*AUX_KINDS"):
+      run_one_step(mesh, data["params"], data["batch"], data["loss_fn"], k=k, compute_entropy=False)
+
+
+def test_combine_aux_by_kind():
+  aux = {"num_tokens": jnp.array([3.0, 5.0]), "ratio_max": jnp.array([1.5, 1.2]),
+         "advantage_mean": jnp.array([1.0, 2.0]), "pg_loss": jnp.array([4.0, 8.0]),
+         "kl": jnp.array([0.1, 0.3])}
+  tok_w, row_w, loss_w = jnp.array([0.25, 0.75]), jnp.array([0.5, 0.5]), jnp.array([1.0, 1.0])
+  got = _host(trainer._combine_aux(aux, tok_w, row_w, loss_w))
+  np.testing.assert_allclose([got[k] for k in aux], [8.0, 1.5, 1.5, 12.0, 0.25], rtol=1e-6)
+
+
+# ---- truncated importance sampling ---------------------------------------------------------------
+
+TIS_CAP = 1.2  # small enough that the noisy behaviour log-probs of `data` truncate some tokens
+
+
+def test_tis_step_matches_the_formula(data):
+  """tis_cap = C: loss = token mean of -min(pi_theta / pi_sampler, C) A, with its gradient."""
+  batch = data["batch"]
+  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+
+  @jax.jit
+  def direct_grads(params):
+    def f(p):
+      lp = logprobs_lib.token_logprobs(CFG, p, batch.tokens, batch.targets, batch.positions,
+                                       batch.segment_ids, chunk_size=CHUNK)
+      w = jnp.minimum(jnp.exp(jax.lax.stop_gradient(lp) - batch.behaviour_logprobs), TIS_CAP)
+      mask = batch.completion_mask
+      return -jnp.sum(jnp.where(mask > 0, w * batch.advantages[:, None] * lp, 0.0)) / mask.sum()
+    return jax.grad(f)(params)
+
+  _, after, metrics = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
+  lp = np.asarray(data["logprob_fn"](data["params"], batch), np.float64)
+  mask = batch.completion_mask > 0
+  ratio = np.exp(lp - batch.behaviour_logprobs)[mask]
+  w = np.minimum(ratio, TIS_CAP)
+  adv = np.broadcast_to(batch.advantages[:, None], mask.shape)[mask]
+  np.testing.assert_allclose(metrics["loss"], -np.sum(w * adv) / mask.sum(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["tis_weight_mean"], w.mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["tis_truncated_fraction"], np.mean(ratio >= TIS_CAP), rtol=1e-5)
+  assert 0.0 < metrics["tis_truncated_fraction"] < 1.0
+  assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == 1.0
+  chex.assert_trees_all_close(after.opt_state[0], _host(direct_grads(data["params"])),
+                              rtol=1e-4, atol=1e-7)
+
+
+def test_tis_microbatches_equal_the_whole_batch(data):
+  """With TIS on, k = 3 micro-batches of 2 rows == one 6-row batch (one row is all padding)."""
+  rows = np.array([0, 1, 2, 3, 4, B - 1])
+  batch = jax.tree.map(lambda x: x[rows], data["batch"])
+  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+  _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
+  _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
+  assert {"tis_weight_mean", "tis_truncated_fraction"} <= set(got)
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
+  chex.assert_trees_all_close(micro.params, whole.params, rtol=1e-5, atol=1e-7)

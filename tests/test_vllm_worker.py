@@ -3,6 +3,9 @@ after a weight refresh through WeightPublisher), sampling filters follow the "pr
 and the engine in its own process generates and reports its death."""
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import jax
@@ -10,11 +13,14 @@ import numpy as np
 import pytest
 
 from jaxreplay import models
-from jaxreplay.rollout.base import SamplingParams
+from jaxreplay.rollout import base
+from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.vllm_worker import (VllmEngine, VllmWorkerProcess, WorkerDied,
                                            request_seed)
 from jaxreplay.rollout.weight_sync import WeightPublisher
 from tests.conftest import require
+
+pytestmark = pytest.mark.slow  # vLLM engines start in seconds each
 
 CFG = models.presets.tiny()
 PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32),
@@ -176,12 +182,18 @@ def test_repeated_calls_draw_fresh_samples(setup):
   assert len({request_seed(0, 0, c, p) for c in range(20) for p in range(20)}) == 400
 
 
-def test_update_weights_switches_to_new_params(setup):
+def test_shared_names_live_in_base():
+  from jaxreplay.rollout import jax_sampler, vllm_worker  # pylint: disable=g-import-not-at-top
+  assert vllm_worker.WorkerDied is base.WorkerDied
+  assert vllm_worker.GREEDY_EPS == jax_sampler.GREEDY_EPS == base.GREEDY_EPS == 1e-5
+
+
+def test_load_weights_switches_to_new_params(setup):
   engine, params, publisher = setup
   sampling = SamplingParams(max_tokens=24)
   v1 = publisher.publish(CFG, params[1], version=1)
   assert publisher.last_publish_seconds > 0
-  engine.update_weights(v1, 1)
+  engine.load_weights(Weights(1, hf_dir=v1))
   print(f"\nvLLM reload_weights (tiny model): {engine.last_update_seconds * 1e3:.1f} ms")
   groups = engine.generate(PROMPTS, 4, sampling)
   assert engine.policy_version == 1 and all(g.policy_version == 1 for g in groups)
@@ -192,7 +204,7 @@ def test_update_weights_switches_to_new_params(setup):
   assert old.mean() > 0.05
   # And back: a second reload (the tied LM head is re-packed each time).
   v2 = publisher.publish(CFG, params[0], version=2)
-  engine.update_weights(v2, 2)
+  engine.load_weights(Weights(2, hf_dir=v2, cfg=CFG))
   groups = engine.generate(PROMPTS, 2, sampling)
   assert all(g.policy_version == 2 for g in groups)
   assert logprob_diffs(groups, params[0]).max() < 1e-3
@@ -210,7 +222,9 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
   with pytest.raises(ValueError, match="no prompts"):
     engine.generate([], 1, sampling)
   with pytest.raises(FileNotFoundError, match="config.json"):
-    engine.update_weights(str(tmp_path), 9)
+    engine.load_weights(Weights(9, hf_dir=str(tmp_path)))
+  with pytest.raises(ValueError, match="hf_dir=None"):
+    engine.load_weights(Weights(9, params={"w": np.zeros(2)}))
   assert engine.policy_version != 9
 
 
@@ -226,19 +240,24 @@ def test_worker_process_generates_refreshes_and_reports_death(setup):
     groups = worker.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=12))
     assert all(g.policy_version == 0 for g in groups)
     assert logprob_diffs(groups, params[0]).max() < 1e-3
-    worker.update_weights(v1, 1)
+    worker.load_weights(Weights(1, hf_dir=v1))
     groups = worker.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=12))
     assert worker.policy_version == 1 and all(g.policy_version == 1 for g in groups)
     assert logprob_diffs(groups, params[1]).max() < 1e-3
     assert worker.ping()["policy_version"] == 1
-    with pytest.raises(ValueError, match="outside"):  # errors in the child come back typed
+    with pytest.raises(ValueError, match="outside") as info:  # errors in the child come back typed
       worker.generate([np.array([1, 999])], 1, SamplingParams())
-    assert worker.is_alive()
+    assert "check_prompts" in "\n".join(info.value.__notes__)  # with the child's traceback
+    with pytest.raises(FileNotFoundError, match="config.json"):
+      worker.load_weights(Weights(2, hf_dir=os.path.dirname(v1)))
+    with pytest.raises(ValueError, match="hf_dir=None"):
+      worker.load_weights(Weights(2, params={"w": np.zeros(2)}))
+    assert worker.is_alive() and worker.policy_version == 1
     os.kill(worker.pid, signal.SIGKILL)
     with pytest.raises(WorkerDied):
       worker.generate(PROMPTS[:1], 1, SamplingParams(max_tokens=4))
     with pytest.raises(WorkerDied):
-      worker.update_weights(v1, 2)
+      worker.load_weights(Weights(2, hf_dir=v1))
     assert not worker.is_alive()
   finally:
     start = time.monotonic()
@@ -258,3 +277,36 @@ def test_worker_process_startup_failure_is_reported(setup):
   _, _, publisher = setup
   with pytest.raises(WorkerDied, match="failed to start(.|\n)*logprobs_mode"):
     VllmWorkerProcess(publisher.latest.hf_dir, logprobs_mode="bogus", startup_timeout_s=120)
+
+
+def test_worker_process_from_an_unguarded_script_and_request_timeout(setup, tmp_path):
+  """The worker's child is a fresh interpreter: a script without `if __name__ == "__main__":` is
+  not re-run in it. A request past request_timeout_s kills the child and raises WorkerDied."""
+  _, _, publisher = setup
+  script = tmp_path / "unguarded.py"
+  script.write_text(textwrap.dedent("""\
+      import sys
+      import numpy as np
+      from jaxreplay.rollout.base import SamplingParams
+      from jaxreplay.rollout.vllm_worker import VllmWorkerProcess, WorkerDied
+      print("top level ran", flush=True)
+      worker = VllmWorkerProcess(sys.argv[1], max_model_len=128, max_num_seqs=4)
+      groups = worker.generate([np.array([1, 5, 6])], 2, SamplingParams(max_tokens=4))
+      print("completions", len(groups[0].completions), flush=True)
+      worker.request_timeout_s = 1e-3
+      try:
+        worker.generate([np.array([1, 5, 6])], 8, SamplingParams(max_tokens=100))
+      except WorkerDied as e:
+        print("died:", e, flush=True)
+      print("alive", worker.is_alive(), flush=True)
+      worker.close()
+      """))
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, str(script), publisher.latest.hf_dir], capture_output=True,
+                       text=True, timeout=600, cwd=str(tmp_path),
+                       env=dict(os.environ, PYTHONPATH=repo))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.count("top level ran") == 1
+  assert "completions 2" in out.stdout
+  assert "took more than 0.001 s; the child was killed" in out.stdout
+  assert "alive False" in out.stdout

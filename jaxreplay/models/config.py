@@ -1,6 +1,7 @@
 """`ModelConfig`: the architecture of a Qwen3 / Qwen2.5 / Llama-3 model, and HF config.json <-> it.
 
 The config is a frozen, hashable dataclass so that it can be a static argument of `jax.jit`.
+Sizes (`num_params`, `flops_per_token`) are read from the parameter layout table (`layout.RULES`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 from typing import Any, Optional
 
 import jax.numpy as jnp
+
+from jaxreplay.models import layout
 
 # model_type -> the HF `architectures` entry transformers and vLLM dispatch on.
 ARCHITECTURES = {
@@ -208,22 +211,8 @@ class ModelConfig:
 
   def num_params(self) -> int:
     """Parameter count (what transformers' `num_parameters()` reports for the same config)."""
-    d, f, hd, v = self.hidden_size, self.intermediate_size, self.head_dim, self.vocab_size
-    q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-    per_layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * f
-    if self.attention_bias:
-      per_layer += q + 2 * kv
-    if self.qk_norm:
-      per_layer += 2 * hd
-    total = v * d + self.num_hidden_layers * per_layer + d
-    if not self.tie_word_embeddings:
-      total += d * v
-    return total
+    return layout.num_params(self)
 
   def flops_per_token(self, seq_len: int) -> float:
-    """Forward model FLOPs per token: 2 * (non-embedding matmul params) + attention (2 * 2 * T * q)."""
-    d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
-    q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-    matmul = self.num_hidden_layers * (d * q + 2 * d * kv + q * d + 3 * d * f) + d * self.vocab_size
-    attn = self.num_hidden_layers * 2 * q * seq_len  # QK^T and AV, causal average ~T/2 each x2
-    return 2.0 * matmul + 2.0 * attn
+    """Forward FLOPs per token of a `seq_len`-token sequence (see `layout.flops_per_token`)."""
+    return layout.flops_per_token(self, seq_len)

@@ -1,7 +1,8 @@
 """The functional Qwen3 / Qwen2.5 / Llama-3 decoder over a parameter pytree.
 
-Parameters are a nested dict (see WORKSPACE.md); per-layer arrays are stacked on axis 0 and the
-forward `jax.lax.scan`s over them. Linear kernels are stored [in, out].
+Parameters are a nested dict (see WORKSPACE.md) whose leaves, shapes and initialisation come from
+the table in `layout.py`; per-layer arrays are stacked on axis 0 and the forward `jax.lax.scan`s
+over them. Linear kernels are stored [in, out].
 
 Numerics follow transformers: RMSNorm normalises in float32 and multiplies by `weight` (not 1 + weight);
 RoPE is the split-half (rotate_half) layout with transformers' inv_freq (default or llama3 scaling);
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.models import layout
 from jaxreplay.models.config import ModelConfig
 
 # Masked attention scores get this finite value (not -inf), so a fully masked row (padding) yields a
@@ -29,58 +31,37 @@ Params = dict
 AttendFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
-def check_supported(cfg: ModelConfig) -> None:
-  """Raises ValueError for configs the parameter pytree cannot represent."""
-  if cfg.attention_bias and cfg.model_type != "qwen2":
-    raise ValueError(
-        f"attention_bias=True for model_type={cfg.model_type!r} also implies an o_proj bias in "
-        "transformers, which the jaxreplay parameter pytree does not hold; only qwen2 (q/k/v biases, "
-        "no o_proj bias) is supported with attention_bias=True")
+# The layout's names that callers (decode.py, tests) reach through this module.
+check_supported = layout.check_supported
+param_shapes = layout.param_shapes
 
 
 # ---- parameters ---------------------------------------------------------------------------------
 
-def param_shapes(cfg: ModelConfig) -> dict:
-  """The parameter pytree's shapes as nested dict of tuples."""
-  d, f, hd, v, n = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.vocab_size,
-                    cfg.num_hidden_layers)
-  q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-  layers = {
-      "input_layernorm": (n, d),
-      "q_proj": (n, d, q), "k_proj": (n, d, kv), "v_proj": (n, d, kv), "o_proj": (n, q, d),
-      "post_attention_layernorm": (n, d),
-      "gate_proj": (n, d, f), "up_proj": (n, d, f), "down_proj": (n, f, d),
-  }
-  if cfg.attention_bias:
-    layers.update(q_bias=(n, q), k_bias=(n, kv), v_bias=(n, kv))
-  if cfg.qk_norm:
-    layers.update(q_norm=(n, hd), k_norm=(n, hd))
-  shapes = {"embed_tokens": (v, d), "layers": layers, "norm": (d,)}
-  if not cfg.tie_word_embeddings:
-    shapes["lm_head"] = (d, v)
-  return shapes
-
-
 def init_params(cfg: ModelConfig, rng: jax.Array, std: float = 0.02) -> Params:
-  """Random parameters in `cfg.params_dtype`: N(0, std) matrices, ones for norms, zeros for biases.
+  """Random parameters in `cfg.params_dtype`, each leaf filled as its `layout.Rule.init` says.
 
-  `std` defaults to transformers' `initializer_range`. Works under `jax.eval_shape` (no allocation).
+  N(0, std) for matrices, ones for norms, zeros for biases; `std` defaults to transformers'
+  `initializer_range`. `rng` is split once per leaf, in jax's (sorted-key) leaf order. Works under
+  `jax.eval_shape` (no allocation).
   """
-  check_supported(cfg)
-  shapes = param_shapes(cfg)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))
+  rules: Params = {}
+  for rule in layout.rules_for(cfg):
+    layout.set_leaf(rules, rule.path, rule)
+  flat, treedef = jax.tree_util.tree_flatten(rules, is_leaf=lambda x: isinstance(x, layout.Rule))
   keys = jax.random.split(rng, len(flat))
   dtype = cfg.params_dtype
   leaves = []
-  for key, (path, shape) in zip(keys, flat):
-    name = path[-1].key
-    if name.endswith("norm"):
+  for key, rule in zip(keys, flat):
+    shape = rule.jax_shape(cfg)
+    if rule.init == "ones":
       leaves.append(jnp.ones(shape, dtype))
-    elif name.endswith("bias"):
+    elif rule.init == "zeros":
       leaves.append(jnp.zeros(shape, dtype))
-    else:
+    elif rule.init == "normal":
       leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
+    else:
+      raise ValueError(f"{rule.hf_name}: unknown init {rule.init!r}")
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
@@ -233,7 +214,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
   tokens int32 [B, T]; positions int32 [B, T] (default arange) feed RoPE; segment_ids int32 [B, T]
   (default all ones), 0 = padding: a token attends to earlier tokens of its own nonzero segment.
   """
-  check_supported(cfg)
+  layout.check_supported(cfg)
   if tokens.ndim != 2:
     raise ValueError(f"tokens must be [batch, seq] int32, got shape {tokens.shape}")
   positions, segment_ids = _defaults(tokens, positions, segment_ids)

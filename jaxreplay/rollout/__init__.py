@@ -6,13 +6,13 @@ imports `jaxreplay.rollout.vllm_worker` does not import JAX.
 """
 import importlib
 
-from jaxreplay.rollout.base import Completion, Group, RolloutWorker, SamplingParams
+from jaxreplay.rollout.base import (Completion, Group, RolloutWorker, SamplingParams, Weights,
+                                   WorkerDied)
 
 _LAZY = {
     "JaxSampler": "jaxreplay.rollout.jax_sampler",
     "VllmEngine": "jaxreplay.rollout.vllm_worker",
     "VllmWorkerProcess": "jaxreplay.rollout.vllm_worker",
-    "WorkerDied": "jaxreplay.rollout.vllm_worker",
     "WeightPublisher": "jaxreplay.rollout.weight_sync",
     "PublishRecord": "jaxreplay.rollout.weight_sync",
     "WorkerPool": "jaxreplay.rollout.pool",
@@ -20,7 +20,8 @@ _LAZY = {
     "Delivery": "jaxreplay.rollout.pool",
 }
 
-__all__ = ["SamplingParams", "Completion", "Group", "RolloutWorker", *_LAZY]
+__all__ = ["SamplingParams", "Completion", "Group", "RolloutWorker", "Weights", "WorkerDied",
+           *_LAZY]
 
 
 def __getattr__(name):

@@ -1,14 +1,22 @@
 """The rollout-worker interface shared by the JAX sampler and the vLLM engine.
 
 A worker turns prompts into groups of sampled completions, each token with the sampler's own
-log-probability, and is tagged with the policy version of the weights that produced them.
+log-probability, and is tagged with the policy version of the weights that produced them. What the
+backends share lives here too (numpy only, so that the generic pool never imports vLLM or JAX):
+the weights handle, the death exception, the greedy threshold and the prompt check.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
+
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it sample greedily.
+
+
+class WorkerDied(RuntimeError):
+  """A rollout worker's process is gone (crashed, killed, or stopped answering)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +59,21 @@ class Group:
   prompt_index: int = 0  # position of the prompt in the `generate` call
 
 
+@dataclasses.dataclass(frozen=True)
+class Weights:
+  """One policy version's weights as a rollout worker loads them (an opaque handle: the pool
+  passes it on).
+
+  version: the policy version; params: a parameter pytree for in-process JAX samplers (None
+  otherwise); hf_dir: an HF directory written by models.save_hf, for engines in other processes
+  (None otherwise); cfg: the ModelConfig of params (optional).
+  """
+  version: int
+  params: Any = None
+  hf_dir: Optional[str] = None
+  cfg: Any = None
+
+
 class RolloutWorker(Protocol):
   """What every backend implements."""
 
@@ -59,8 +82,38 @@ class RolloutWorker(Protocol):
   def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
     """Samples `n` completions for each prompt (int32 [Lp] token arrays); one Group per prompt."""
 
-  def update_weights(self, hf_dir: str, version: int) -> None:
-    """Loads the weights written by `models.save_hf` into `hf_dir`; later groups carry `version`."""
+  def load_weights(self, weights: Weights) -> None:
+    """Loads `weights` (the form this backend needs: params or hf_dir); later groups carry
+    `weights.version`. A handle without that form is a ValueError."""
 
   def close(self) -> None:
     """Releases the engine (processes, memory)."""
+
+
+def check_prompts(prompts: Sequence[np.ndarray], vocab_size: int, max_len: int, max_tokens: int, *,
+                  max_len_name: str = "max_len") -> list[np.ndarray]:
+  """Checks the prompts of a `generate` call; returns them as int32 [Lp] arrays, in order.
+
+  Each prompt must be a non-empty 1-D integer array of ids in [0, vocab_size) with
+  Lp + max_tokens <= max_len (the worker's longest prompt + completion, in tokens; called
+  `max_len_name` in its constructor). An empty list passes (the caller decides what that means).
+  Raises ValueError naming the prompt, the problem and the fix.
+  """
+  out = []
+  for i, p in enumerate(prompts):
+    p = np.asarray(p)
+    if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+      raise ValueError(f"prompt {i}: expected a non-empty 1-D integer token array, got shape "
+                       f"{p.shape} dtype {p.dtype}; pass each prompt as np.asarray(token_ids, "
+                       "np.int32)")
+    if p.min() < 0 or p.max() >= vocab_size:
+      raise ValueError(f"prompt {i} has token ids outside [0, vocab_size={vocab_size}) (min "
+                       f"{p.min()}, max {p.max()}); tokenize with this model's tokenizer")
+    total = p.size + max_tokens
+    if total > max_len:
+      raise ValueError(f"prompt {i} has {p.size} tokens and max_tokens={max_tokens}: {p.size} + "
+                       f"{max_tokens} = {total} exceeds the worker's {max_len_name}={max_len}; "
+                       f"build the worker with {max_len_name} >= {total}, lower "
+                       "SamplingParams.max_tokens, or truncate the prompt")
+    out.append(p.astype(np.int32))
+  return out

@@ -28,9 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay import models
-from jaxreplay.rollout.base import Completion, Group, SamplingParams
-
-GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it sample greedily.
+from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
+                                    check_prompts)
 
 
 # ---- pure sampling math -------------------------------------------------------------------------
@@ -197,7 +196,7 @@ class JaxSampler:
   alone, so its tokens do not depend on the other rows of its batch (nor on `batch_size`, up to
   the float rounding of differently shaped batches).
 
-  Weights are read once per `generate` call under a lock, so a concurrent `set_params` never mixes
+  Weights are read once per `generate` call under a lock, so a concurrent `load_weights` never mixes
   two policies in one call, and every Group carries the version that produced it.
   """
 
@@ -214,7 +213,7 @@ class JaxSampler:
         None means (cfg.eos_token_id,) when it is set, () disables.
       seed: the sampler's base seed. policy_version: version of `params`.
       prompt_buckets: padded prompt lengths to compile for (default powers of two, then max_len).
-      load_dtype: parameter dtype for `update_weights` (`models.load_hf(..., dtype=)`).
+      load_dtype: parameter dtype when `load_weights` reads an HF directory (`models.load_hf`).
     """
     if max_len < 2:
       raise ValueError(f"max_len={max_len} must be >= 2 (one prompt token and one generated)")
@@ -247,23 +246,28 @@ class JaxSampler:
 
   # ---- weights ----------------------------------------------------------------------------------
 
-  def set_params(self, params, version: int, cfg=None) -> None:
-    """In-process weight refresh: later `generate` calls use `params` and tag `version`."""
+  def load_weights(self, weights: Weights) -> None:
+    """Later `generate` calls use `weights` and tag `weights.version`.
+
+    In-process handles carry the parameter pytree (used as is: the caller gives the sampler its
+    own copy); a handle with only `hf_dir` (written by `models.save_hf`) is loaded from disk.
+    """
+    cfg, params = weights.cfg, weights.params
+    if params is None:
+      if weights.hf_dir is None:
+        raise ValueError(f"weights of version {weights.version} carry neither params nor hf_dir")
+      cfg, params = models.load_hf(weights.hf_dir, dtype=self.load_dtype)
+    if cfg is not None and (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size) != (
+        self.cfg.vocab_size, self.cfg.num_hidden_layers, self.cfg.hidden_size):
+      raise ValueError(f"weights of version {weights.version}: architecture (vocab "
+                       f"{cfg.vocab_size}, layers {cfg.num_hidden_layers}, hidden "
+                       f"{cfg.hidden_size}) differs from this sampler's ({self.cfg.vocab_size}, "
+                       f"{self.cfg.num_hidden_layers}, {self.cfg.hidden_size}); build a new "
+                       "JaxSampler for another model")
     with self._lock:
       if cfg is not None:
         self.cfg = cfg
-      self._params, self.policy_version = params, int(version)
-
-  def update_weights(self, hf_dir: str, version: int) -> None:
-    """Loads `hf_dir` (written by `models.save_hf`); later groups carry `version`."""
-    cfg, params = models.load_hf(hf_dir, dtype=self.load_dtype)
-    if (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size) != (
-        self.cfg.vocab_size, self.cfg.num_hidden_layers, self.cfg.hidden_size):
-      raise ValueError(f"{hf_dir}: architecture (vocab {cfg.vocab_size}, layers "
-                       f"{cfg.num_hidden_layers}, hidden {cfg.hidden_size}) differs from this "
-                       f"sampler's ({self.cfg.vocab_size}, {self.cfg.num_hidden_layers}, "
-                       f"{self.cfg.hidden_size}); build a new JaxSampler for another model")
-    self.set_params(params, version, cfg=cfg)
+      self._params, self.policy_version = params, int(weights.version)
 
   def close(self) -> None:
     with self._lock:
@@ -272,24 +276,7 @@ class JaxSampler:
   # ---- sampling ---------------------------------------------------------------------------------
 
   def _check_prompts(self, prompts, sampling: SamplingParams) -> list[np.ndarray]:
-    out = []
-    for i, p in enumerate(prompts):
-      p = np.asarray(p)
-      if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
-        raise ValueError(f"prompt {i}: expected a non-empty 1-D integer token array, got "
-                         f"shape {p.shape} dtype {p.dtype}")
-      if p.min() < 0 or p.max() >= self.cfg.vocab_size:
-        raise ValueError(f"prompt {i}: token ids must lie in [0, vocab_size={self.cfg.vocab_size}),"
-                         f" got [{p.min()}, {p.max()}]")
-      if p.size + sampling.max_tokens > self.max_len:
-        raise ValueError(
-            f"prompt {i} has {p.size} tokens and max_tokens={sampling.max_tokens}: "
-            f"{p.size} + {sampling.max_tokens} = {p.size + sampling.max_tokens} exceeds the "
-            f"sampler's max_len={self.max_len}; build the JaxSampler with max_len >= "
-            f"{p.size + sampling.max_tokens}, lower SamplingParams.max_tokens, or truncate the "
-            "prompt")
-      out.append(p.astype(np.int32))
-    return out
+    return check_prompts(prompts, self.cfg.vocab_size, self.max_len, sampling.max_tokens)
 
   def generate(self, prompts: Sequence[np.ndarray], n: int,
                sampling: SamplingParams) -> list[Group]:

@@ -5,7 +5,7 @@ prompt source, `generate`, and hand a `Delivery` (the groups, tagged with the po
 produced them) to the sink. Weight refreshes are applied by the worker's own thread between two
 requests, so no request straddles a refresh.
 
-Worker failure: when a worker dies (`WorkerDied` from generate or update_weights) its in-flight
+Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
 request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
 `make_worker(i)`, the new worker is refreshed to the newest weights, and the thread goes on. Any
 other exception (from a worker, the source or the sink) is a bug: the pool stops and
@@ -21,8 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams
-from jaxreplay.rollout.vllm_worker import WorkerDied
+from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
 
 
 @dataclasses.dataclass
@@ -100,8 +99,8 @@ class _WorkerRunner:
     try:
       worker = pool.make_worker(self.index)
       target = pool.target
-      if target is not None and worker.policy_version != target[1]:
-        worker.update_weights(*target)
+      if target is not None and worker.policy_version != target.version:
+        worker.load_weights(target)
     except (WorkerDied, TimeoutError):  # A start-up crash or timeout: retry, a bounded number of times.
       if worker is not None:
         _close_quietly(worker)
@@ -118,10 +117,10 @@ class _WorkerRunner:
 
   def _refresh_if_behind(self) -> bool:
     target = self.pool.target
-    if target is None or self.worker.policy_version == target[1]:
+    if target is None or self.worker.policy_version == target.version:
       return True
     try:
-      self.worker.update_weights(*target)
+      self.worker.load_weights(target)
     except WorkerDied as e:
       self._replace(e)
       return False
@@ -206,7 +205,7 @@ class WorkerPool:
       then waits `idle_sleep_s`). Called under a lock (one call at a time); it should not block
       long, or `stop` waits for it.
     sink: receives each `Delivery`; called under a lock (one call at a time).
-    initial_weights: (hf_dir, version) new workers are brought to before their first request.
+    initial_weights: the `Weights` new workers are brought to before their first request.
     max_restarts: per worker slot, for deaths and for failed starts; beyond it the pool fails.
     on_drop: called with each dropped request (its worker died, or the pool stopped) so that the
       caller may re-queue its prompts.
@@ -214,7 +213,7 @@ class WorkerPool:
 
   def __init__(self, make_worker: Callable[[int], RolloutWorker], num_workers: int,
                source: PromptSource, sink: Sink, *,
-               initial_weights: Optional[tuple[str, int]] = None, max_restarts: int = 5,
+               initial_weights: Optional[Weights] = None, max_restarts: int = 5,
                restart_backoff_s: float = 1.0, idle_sleep_s: float = 0.05,
                on_drop: Optional[DropHandler] = None):
     if num_workers < 1:
@@ -227,9 +226,7 @@ class WorkerPool:
     self.restart_backoff_s = float(restart_backoff_s)
     self.idle_sleep_s = float(idle_sleep_s)
     self.on_drop = on_drop
-    self._target = None
-    if initial_weights is not None:
-      self._target = (str(initial_weights[0]), int(initial_weights[1]))
+    self._target: Optional[Weights] = initial_weights
     self._stop = threading.Event()
     self._state_lock = threading.Lock()
     self._source_lock = threading.Lock()
@@ -250,17 +247,17 @@ class WorkerPool:
       r.thread.start()
     return self
 
-  def refresh(self, hf_dir: str, version: int) -> None:
-    """Makes (hf_dir, version) the newest weights; each worker loads them before its next request."""
+  def refresh(self, weights: Weights) -> None:
+    """Makes `weights` the newest; each worker loads them before its next request."""
     with self._state_lock:
-      if self._target is not None and int(version) < self._target[1]:
-        raise ValueError(f"refresh to version {version} is older than the current target "
-                         f"{self._target[1]}; versions must not decrease")
-      self._target = (str(hf_dir), int(version))
+      if self._target is not None and weights.version < self._target.version:
+        raise ValueError(f"refresh to version {weights.version} is older than the current target "
+                         f"{self._target.version}; versions must not decrease")
+      self._target = weights
 
   @property
-  def target(self) -> Optional[tuple[str, int]]:
-    """The newest (hf_dir, version) given to `refresh` (or `initial_weights`)."""
+  def target(self) -> Optional[Weights]:
+    """The newest `Weights` given to `refresh` (or `initial_weights`)."""
     return self._target
 
   @property
@@ -321,7 +318,7 @@ class WorkerPool:
     target = self._target
     return dict(totals, num_workers=self.num_workers, wall_seconds=wall,
                 tokens_per_second=totals["tokens"] / wall if wall > 0 else 0.0,
-                target_version=None if target is None else target[1],
+                target_version=None if target is None else target.version,
                 live_threads=sum(w["alive"] for w in per_worker),
                 failed=self._error is not None, per_worker=per_worker)
 

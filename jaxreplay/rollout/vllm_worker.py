@@ -1,9 +1,10 @@
 """The vLLM rollout backend: an in-process engine and the same engine in its own process.
 
 `VllmEngine` wraps an offline `vllm.LLM` (no tokenizer: prompts are token ids) and implements the
-`RolloutWorker` protocol. `VllmWorkerProcess` runs a `VllmEngine` in a spawned child process and is
-a `RolloutWorker` proxy in the parent, so that W engines can run beside the JAX trainer (vLLM and
-JAX must not share a process in the async pipeline).
+`RolloutWorker` protocol. `VllmWorkerProcess` runs a `VllmEngine` in a child process (a fresh
+interpreter, `jaxreplay.child_process`) and is a `RolloutWorker` proxy in the parent, so that W
+engines can run beside the JAX trainer (vLLM and JAX must not share a process in the async
+pipeline). `WorkerDied` and `GREEDY_EPS` live in `rollout.base` and are importable from here too.
 
 Log-prob semantics (vLLM 0.32, `logprobs_mode="processed_logprobs"`, the default here): the
 log-prob of each sampled token is taken from the distribution it was actually sampled from, i.e.
@@ -16,11 +17,11 @@ all its mass on the argmax, so its log-probs are 0.0 here (vLLM itself would rep
 Stopping: a completion ends after a token of `SamplingParams.stop_token_ids` or of the engine's
 `eos_token_ids` (default: config.json's `eos_token_id`, as the JAX sampler does); that token is kept.
 
-Weight refresh: `update_weights(hf_dir, version)` reloads the safetensors written by
+Weight refresh: `load_weights(Weights(version, hf_dir=...))` reloads the safetensors written by
 `models.save_hf` in one RPC (`reload_weights`) and resets the prefix cache. On CPU, vLLM keeps a
 packed copy of each linear weight; with tied embeddings the LM head is not reloaded itself (its
 weight is the embedding's) so its packed copy would stay stale: it is re-packed after the reload.
-`generate` and `update_weights` hold one lock, so no request straddles a refresh, and every Group
+`generate` and `load_weights` hold one lock, so no request straddles a refresh, and every Group
 carries the version of the weights that generated it.
 """
 from __future__ import annotations
@@ -28,17 +29,16 @@ from __future__ import annotations
 import gc
 import glob
 import json
-import multiprocessing
 import os
-import pickle
 import threading
 import time
-import traceback
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from jaxreplay.rollout.base import Completion, Group, SamplingParams
+from jaxreplay.child_process import ChildDied, ChildProcess
+from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
+                                    WorkerDied, check_prompts)
 
 # Set in the engine's process before vLLM is imported (defaults; the caller's values win).
 _DEFAULT_ENV = {
@@ -48,11 +48,6 @@ _DEFAULT_ENV = {
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
 _LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: temperatures below it sample greedily.
-
-
-class WorkerDied(RuntimeError):
-  """A rollout worker's process is gone (crashed, killed, or stopped answering)."""
 
 
 def _apply_default_env(env: Optional[dict[str, str]] = None) -> None:
@@ -77,6 +72,16 @@ def _config_eos_ids(hf_dir: str) -> tuple[int, ...]:
   if eos is None:
     return ()
   return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+
+
+def _weights_hf_dir(weights: Weights) -> str:
+  if not isinstance(weights, Weights):
+    raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
+  if weights.hf_dir is None:
+    raise ValueError(f"vLLM loads weights from an HF directory, but this Weights handle (version "
+                     f"{weights.version}) has hf_dir=None; write them with WeightPublisher.publish "
+                     "(or models.save_hf) and pass Weights(version, hf_dir=that directory)")
+  return weights.hf_dir
 
 
 def _check_hf_dir(hf_dir: str) -> None:
@@ -186,8 +191,13 @@ class VllmEngine:
       self.num_generated_tokens += sum(len(c.tokens) for g in groups for c in g.completions)
     return groups
 
-  def update_weights(self, hf_dir: str, version: int) -> None:
-    """Loads the weights in `hf_dir` (models.save_hf) in one RPC; later groups carry `version`."""
+  def load_weights(self, weights: Weights) -> None:
+    """Loads `weights.hf_dir` (models.save_hf) in one RPC; later groups carry `weights.version`.
+
+    Raises ValueError when the handle has no hf_dir, FileNotFoundError when the directory holds no
+    config.json or safetensors.
+    """
+    hf_dir = _weights_hf_dir(weights)
     _check_hf_dir(hf_dir)
     with self._lock:
       llm = self._require_open()
@@ -195,7 +205,7 @@ class VllmEngine:
       llm.collective_rpc(_reload_worker_weights, args=(os.path.abspath(hf_dir),))
       if not llm.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
-      self.policy_version = int(version)
+      self.policy_version = int(weights.version)
       self.last_update_seconds = time.perf_counter() - start
 
   def close(self) -> None:
@@ -233,19 +243,8 @@ class VllmEngine:
       raise ValueError(f"n={n} must be >= 1")
     if len(prompts) == 0:
       raise ValueError("generate() got no prompts")
-    out = []
-    for i, p in enumerate(prompts):
-      p = np.asarray(p)
-      if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
-        raise ValueError(f"prompt {i} must be a non-empty 1-D integer array, got shape {p.shape} "
-                         f"dtype {p.dtype}")
-      if p.min() < 0 or p.max() >= self.vocab_size:
-        raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
-      if p.size + sampling.max_tokens > self.max_model_len:
-        raise ValueError(f"prompt {i}: {p.size} tokens + max_tokens={sampling.max_tokens} exceeds "
-                         f"max_model_len={self.max_model_len}; raise max_model_len or shorten it")
-      out.append(p.astype(np.int32))
-    return out
+    return check_prompts(prompts, self.vocab_size, self.max_model_len, sampling.max_tokens,
+                         max_len_name="max_model_len")
 
   def _vllm_sampling(self, sampling: SamplingParams, n: int, seed: int):
     # ignore_eos: without a tokenizer vLLM knows no EOS; `stop_token_ids` carries ours.
@@ -281,77 +280,24 @@ class VllmEngine:
 # ---- the engine in its own process ------------------------------------------------------------
 
 
-def _pack_exception(e: BaseException) -> tuple[Optional[bytes], str]:
-  text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-  try:
-    return pickle.dumps(e), text
-  except Exception:  # pylint: disable=broad-except
-    return None, text
-
-
-def _child_main(conn, engine_kwargs: dict[str, Any], env: dict[str, str]) -> None:
-  """The child's loop: build the engine, then serve commands until "close" or the parent is gone."""
-  _apply_default_env(env)
-  try:
-    engine = VllmEngine(**engine_kwargs)
-  except BaseException as e:  # pylint: disable=broad-except
-    conn.send(("error", _pack_exception(e)))
-    return
-  conn.send(("ready", engine.stats()))
-  handlers = {"generate": engine.generate, "update_weights": engine.update_weights,
-              "ping": lambda: engine.stats()}
-  while True:
-    try:
-      command, args = conn.recv()
-    except (EOFError, OSError):
-      break  # The parent is gone.
-    if command == "close":
-      engine.close()
-      conn.send(("ok", None))
-      break
-    try:
-      result = handlers[command](*args)
-    except Exception as e:  # pylint: disable=broad-except
-      reply = ("error", _pack_exception(e))
-    else:
-      reply = ("ok", result)
-    try:
-      conn.send(reply)
-    except (BrokenPipeError, OSError):
-      break
-
-
-def _unpack_error(packed: tuple[Optional[bytes], str], where: str) -> BaseException:
-  blob, text = packed
-  if blob is not None:
-    try:
-      e = pickle.loads(blob)
-    except Exception:  # pylint: disable=broad-except
-      e = None
-    if isinstance(e, Exception):
-      e.add_note(f"[raised in {where}]\n{text}")
-      return e
-  return RuntimeError(f"{where} failed:\n{text}")
-
-
 class VllmWorkerProcess:
-  """A `VllmEngine` in a spawned child process, behind a `RolloutWorker` proxy.
+  """A `VllmEngine` in a child process, behind a `RolloutWorker` proxy.
 
-  Commands (generate / update_weights / ping / close) go over a pipe; one at a time (a lock).
-  A dead child (killed, crashed, pipe EOF) or a request past `request_timeout_s` raises
-  `WorkerDied`; the proxy is then unusable and the caller makes a new one. Errors raised inside the
-  child (e.g. ValueError for a bad prompt) are re-raised here with the child's traceback as a note.
-
-  The child is started with multiprocessing's "spawn": a calling script needs the usual
-  `if __name__ == "__main__":` guard. On CPU, W workers on one machine may be pinned to distinct
-  cores with `env={"VLLM_CPU_OMP_THREADS_BIND": "0-3"}` and so on.
+  The child is a fresh interpreter (`jaxreplay.child_process.ChildProcess`), not a multiprocessing
+  spawn: it never re-imports the caller's `__main__`, so a calling script needs no
+  `if __name__ == "__main__":` guard. Commands (generate / load_weights / ping / close) go over a
+  pipe, one at a time. A dead child (killed, crashed, pipe EOF) or a request past
+  `request_timeout_s` (the child is then killed) raises `WorkerDied`; the proxy is then unusable and
+  the caller makes a new one. Errors raised inside the child (e.g. ValueError for a bad prompt) are
+  re-raised here with the child's traceback as a note. On CPU, W workers on one machine may be
+  pinned to distinct cores with `env={"VLLM_CPU_OMP_THREADS_BIND": "0-3"}` and so on.
 
   Args:
     hf_dir, **engine_kwargs: as for `VllmEngine` (keyword arguments must be picklable).
     startup_timeout_s: raise TimeoutError (and kill the child) when the engine is not ready by then.
     request_timeout_s: None waits for each request as long as the child lives.
-    env: environment variables for the child, set before it imports vLLM (e.g.
-      `VLLM_CPU_OMP_THREADS_BIND`).
+    env: environment variables for the child, set before it starts (so before it imports vLLM), e.g.
+      `VLLM_CPU_OMP_THREADS_BIND`.
   """
 
   def __init__(self, hf_dir: str, *, startup_timeout_s: float = 300.0,
@@ -361,113 +307,57 @@ class VllmWorkerProcess:
     engine_kwargs["hf_dir"] = hf_dir
     self.policy_version = int(engine_kwargs.get("policy_version", 0))
     self.request_timeout_s = request_timeout_s
-    self._lock = threading.Lock()
-    self._dead_reason: Optional[str] = None
-    self._closed = False
-    ctx = multiprocessing.get_context("spawn")
-    self._conn, child_conn = ctx.Pipe(duplex=True)
-    self._proc = ctx.Process(target=_child_main, args=(child_conn, engine_kwargs, dict(env or {})),
-                             name="jaxreplay-vllm-worker", daemon=True)
     start = time.perf_counter()
-    self._proc.start()
-    child_conn.close()  # Only the child holds its end: its death then reads as EOF here.
     try:
-      status, payload = self._receive(startup_timeout_s, "start-up")
+      self._child = ChildProcess("jaxreplay.rollout.vllm_worker:VllmEngine", kwargs=engine_kwargs,
+                                 env=env, startup_timeout_s=startup_timeout_s, name="vLLM worker")
     except TimeoutError:
-      self.kill()
       raise TimeoutError(f"the vLLM worker process did not start within {startup_timeout_s:.0f} s; "
-                         "raise startup_timeout_s (a loaded machine needs longer) or check its log")
-    except WorkerDied:
-      self.kill()
+                         "raise startup_timeout_s (a loaded machine needs longer) or check its log"
+                         ) from None
+    except ChildDied as e:
+      raise WorkerDied(str(e)) from e
+    try:
+      stats = self.ping(max(startup_timeout_s - (time.perf_counter() - start), 30.0))
+    except BaseException:
+      self._child.kill()
       raise
-    if status == "error":
-      self.kill()
-      raise WorkerDied(f"the vLLM worker process failed to start:\n"
-                       f"{_unpack_error(payload, 'vLLM worker start-up')}")
     self.startup_seconds = time.perf_counter() - start
-    self.engine_startup_seconds = payload["startup_seconds"]
+    self.engine_startup_seconds = stats["startup_seconds"]
 
   @property
-  def pid(self) -> Optional[int]:
-    return self._proc.pid
+  def pid(self) -> int:
+    return self._child.pid
 
   def is_alive(self) -> bool:
-    return self._dead_reason is None and self._proc.is_alive()
+    return self._child.is_alive()
 
   def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
     """As `VllmEngine.generate`, run in the child; raises WorkerDied when the child is gone."""
     prompts = [np.asarray(p) for p in prompts]
     return self._call("generate", (prompts, n, sampling), self.request_timeout_s)
 
-  def update_weights(self, hf_dir: str, version: int) -> None:
-    """As `VllmEngine.update_weights`, run in the child."""
-    self._call("update_weights", (hf_dir, version), self.request_timeout_s)
-    self.policy_version = int(version)
+  def load_weights(self, weights: Weights) -> None:
+    """As `VllmEngine.load_weights`, run in the child (it gets only hf_dir and version)."""
+    hf_dir = _weights_hf_dir(weights)
+    self._call("load_weights", (Weights(version=int(weights.version), hf_dir=hf_dir),),
+               self.request_timeout_s)
+    self.policy_version = int(weights.version)
 
   def ping(self, timeout_s: float = 30.0) -> dict[str, float]:
     """The child's `VllmEngine.stats()`; raises WorkerDied when it does not answer in time."""
-    return self._call("ping", (), timeout_s)
+    return self._call("stats", (), timeout_s)
 
   def close(self, timeout_s: float = 10.0) -> None:
     """Asks the child to shut its engine down; kills it when it does not exit within `timeout_s`."""
-    if self._closed:
-      return
-    self._closed = True
-    if self._lock.acquire(timeout=timeout_s):
-      try:
-        if self._dead_reason is None and self._proc.is_alive():
-          try:
-            self._conn.send(("close", ()))
-            self._receive(timeout_s, "close")
-          except (WorkerDied, TimeoutError, OSError):
-            pass
-      finally:
-        self._lock.release()
-    self._proc.join(timeout_s)
-    self.kill()
+    self._child.close(timeout_s)
 
   def kill(self) -> None:
     """Kills the child now (safe from any thread, also while a request is in flight)."""
-    if self._proc.is_alive():
-      self._proc.kill()
-    self._proc.join(5.0)
-    if self._dead_reason is None:
-      self._dead_reason = "killed by its owner"
-    self._conn.close()
+    self._child.kill()
 
-  # ---- pipe protocol ------------------------------------------------------------------------
-
-  def _call(self, command: str, args: tuple, timeout_s: Optional[float]):
-    with self._lock:
-      if self._dead_reason is not None:
-        raise WorkerDied(f"vLLM worker pid {self.pid} is dead ({self._dead_reason})")
-      try:
-        self._conn.send((command, args))
-      except (BrokenPipeError, EOFError, OSError) as e:
-        raise self._died(f"pipe closed when sending {command!r}: {e}") from e
-      try:
-        status, payload = self._receive(timeout_s, command)
-      except TimeoutError as e:
-        self._proc.kill()
-        raise self._died(f"{command!r} took more than {timeout_s} s; the child was killed") from e
-    if status == "error":
-      raise _unpack_error(payload, f"vLLM worker pid {self.pid} ({command})")
-    return payload
-
-  def _receive(self, timeout_s: Optional[float], what: str):
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while True:
-      try:
-        if self._conn.poll(0.05):
-          return self._conn.recv()
-      except (EOFError, OSError) as e:
-        raise self._died(f"pipe EOF while waiting for {what}") from e
-      if not self._proc.is_alive():
-        raise self._died(f"process exited with code {self._proc.exitcode} during {what}")
-      if deadline is not None and time.monotonic() > deadline:
-        raise TimeoutError(f"no answer to {what} within {timeout_s} s")
-
-  def _died(self, reason: str) -> WorkerDied:
-    self._dead_reason = reason
-    self._proc.join(1.0)
-    return WorkerDied(f"vLLM worker pid {self.pid} died: {reason}")
+  def _call(self, method: str, args: tuple, timeout_s: Optional[float]):
+    try:
+      return self._child.call(method, args, timeout_s)
+    except ChildDied as e:
+      raise WorkerDied(str(e)) from e

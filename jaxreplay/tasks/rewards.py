@@ -13,18 +13,15 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-from multiprocessing import connection as mp_connection
-import os
 import pickle
 import queue
-import signal
-import subprocess
-import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 from absl import logging as absl_logging
 import numpy as np
+
+from jaxreplay.child_process import ChildDied, ChildProcess, ChildTimeout
 
 _MATH_VERIFY_QUIET = False
 
@@ -67,127 +64,76 @@ def math_verify_reward(completion: str, answer: str) -> float:
 
 # ---- worker slots: one call at a time, with a deadline ---------------------------------------
 
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+class _RewardServer:
+  """What a reward child process serves: `score(*args)` -> float(fn(*args)).
 
+  The warm-up call runs at start-up: first-call imports (sympy, ...) must not eat a scored call's
+  time limit. Its errors are ignored (the scored calls report theirs).
+  """
 
-def _child_main(read_fd: int, write_fd: int) -> None:
-  """Reward child process: receives the parent's sys.path, then (fn, warmup_args), then argument
-  tuples; answers ("ok", value) or ("error", text). Started by `_ProcessSlot` as `python -c ...`."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
-  inp = mp_connection.Connection(read_fd, writable=False)
-  out = mp_connection.Connection(write_fd, readable=False)
-  try:
-    sys_path = inp.recv_bytes()
-    sys.path.extend(p for p in pickle.loads(sys_path) if p not in sys.path)
-    fn, warmup_args = pickle.loads(inp.recv_bytes())
-  except Exception as e:  # pylint: disable=broad-except
-    out.send(("error", f"could not load the reward function in the worker: {e!r}"))
-    return
-  if warmup_args is not None:
-    try:
-      fn(*warmup_args)  # first-call imports (sympy, ...) must not eat a scored call's time limit
-    except Exception:  # pylint: disable=broad-except
-      pass
-  out.send(("ready", None))
-  while True:
-    try:
-      args = inp.recv()
-    except (EOFError, OSError):
-      return  # the parent went away
-    if args is None:
-      return
-    try:
-      out.send(("ok", float(fn(*args))))
-    except Exception as e:  # pylint: disable=broad-except
-      out.send(("error", repr(e)[:500]))
+  def __init__(self, fn: Callable[..., float], warmup_args: Optional[tuple]):
+    self._fn = fn
+    if warmup_args is not None:
+      try:
+        fn(*warmup_args)
+      except Exception:  # pylint: disable=broad-except
+        pass
+
+  def score(self, *args) -> float:
+    return float(self._fn(*args))
 
 
 class _ProcessSlot:
-  """A persistent child process running `fn`; killed on timeout, restarted on the next call.
+  """A persistent child process running `fn` (a `ChildProcess`, see there why not multiprocessing);
+  killed on timeout or death, restarted on the next call. Calls answer (status, value) with status
+  "ok", "error" or "timeout"."""
 
-  A fresh interpreter (`python -c`), not multiprocessing: spawn/forkserver re-run the parent's
-  `__main__` (breaking unguarded scripts) and fork is unsafe next to JAX's and vLLM's threads.
-  """
-
-  def __init__(self, fn_bytes: bytes, start_timeout_s: float):
-    self._fn_bytes = fn_bytes
+  def __init__(self, fn: Callable[..., float], warmup_args: Optional[tuple],
+               start_timeout_s: float):
+    self._args = (fn, warmup_args)
     self._start_timeout_s = start_timeout_s
-    self._proc: Optional[subprocess.Popen] = None
-    self._send = self._recv = None
+    self._child: Optional[ChildProcess] = None
     self.starts = 0
 
   def _start(self) -> None:
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
-    code = ("from jaxreplay.tasks.rewards import _child_main; "
-            f"_child_main({to_child_r}, {from_child_w})")
-    try:
-      self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w),
-                                    stdin=subprocess.DEVNULL, env=env, close_fds=True)
-    finally:
-      os.close(to_child_r)
-      os.close(from_child_w)
-    self._send = mp_connection.Connection(to_child_w, readable=False)
-    self._recv = mp_connection.Connection(from_child_r, writable=False)
+    """Starts the child; raises RuntimeError when it does not come up."""
     self.starts += 1
     try:
-      self._send.send_bytes(pickle.dumps(list(sys.path)))
-      self._send.send_bytes(self._fn_bytes)
-      if not self._recv.poll(self._start_timeout_s):
-        raise RuntimeError(f"reward worker did not start within {self._start_timeout_s:.0f} s")
-      status, value = self._recv.recv()
-    except (EOFError, OSError) as e:
-      self.kill()
-      raise RuntimeError(f"reward worker died while starting (exit code "
-                         f"{self._proc.returncode if self._proc else '?'})") from e
-    except RuntimeError:
-      self.kill()
-      raise
-    if status != "ready":
-      self.kill()
-      raise RuntimeError(value)
+      self._child = ChildProcess(f"{__name__}:_RewardServer", self._args,
+                                 startup_timeout_s=self._start_timeout_s, name="reward worker")
+    except TimeoutError as e:
+      raise RuntimeError(str(e)) from e
 
   def alive(self) -> bool:
-    return self._proc is not None and self._proc.poll() is None
+    return self._child is not None and self._child.is_alive()
 
   def call(self, args: tuple, timeout_s: float) -> tuple[str, Any]:
     if not self.alive():
       self.kill()
       try:
         self._start()
-      except RuntimeError as e:
+      except Exception as e:  # pylint: disable=broad-except
         return "error", str(e)
     try:
-      self._send.send(args)
-      if self._recv.poll(timeout_s):
-        return self._recv.recv()
-    except (EOFError, OSError, pickle.PicklingError) as e:
+      return "ok", self._child.call("score", args, timeout_s)
+    except ChildTimeout:
       self.kill()
-      return "error", f"reward worker failed: {e!r}"
-    self.kill()
-    return "timeout", None
+      return "timeout", None
+    except ChildDied as e:
+      self.kill()
+      return "error", str(e)
+    except Exception as e:  # pylint: disable=broad-except
+      return "error", repr(e)[:500]  # raised by fn in the child: the child keeps serving
 
   def kill(self) -> None:
-    if self._proc is not None:
-      if self._proc.poll() is None:
-        self._proc.kill()
-      self._proc.wait()
-    for conn in (self._send, self._recv):
-      if conn is not None:
-        conn.close()
-    self._proc = self._send = self._recv = None
+    if self._child is not None:
+      self._child.kill()
+    self._child = None
 
   def close(self) -> None:
-    if self.alive():
-      try:
-        self._send.send(None)
-        self._proc.wait(1)
-      except (OSError, subprocess.TimeoutExpired):
-        pass
-    self.kill()
+    if self._child is not None:
+      self._child.close(timeout_s=1.0)
+    self._child = None
 
 
 class _ThreadSlot:
@@ -254,11 +200,11 @@ class SafeReward:
         raise ValueError(f"backend='process' runs {fn!r} in a fresh interpreter, which cannot import "
                          "__main__: define it in an importable module, or use backend='thread'")
       try:
-        fn_bytes = pickle.dumps((fn, warmup_args))
+        pickle.dumps((fn, warmup_args))
       except Exception as e:  # pylint: disable=broad-except
         raise ValueError(f"backend='process' needs a picklable reward function (module-level), "
                          f"got {fn!r}: {e}; or use backend='thread'") from e
-      self._slots = [_ProcessSlot(fn_bytes, start_timeout_s) for _ in range(num_workers)]
+      self._slots = [_ProcessSlot(fn, warmup_args, start_timeout_s) for _ in range(num_workers)]
     elif backend == "thread":
       self._slots = [_ThreadSlot(fn) for _ in range(num_workers)]
     else:

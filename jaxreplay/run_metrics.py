@@ -1,0 +1,148 @@
+"""The run's metrics: one row per gradient step (metrics.jsonl, TensorBoard); the log-prob probe.
+
+Keys of a row, by source (units in brackets):
+  step, policy_version           updates applied; published_version: newest weights the workers have
+  loss, grad_norm, param_norm, learning_rate, entropy, tokens, seq_tokens, and the loss's aux
+                                 statistics (`jaxreplay.losses.AUX_KINDS`): the train step
+  batch/reward_mean              mean reward of the rollouts of this step's batch
+  reward_mean, fresh_rollouts    mean reward and count of rollouts delivered since the last row
+                                 (reward_mean is NaN on rows without fresh rollouts)
+  buffer/*                       `ReplayBuffer.metrics`: size, replay ratio, use counts, and the
+                                 staleness of this step's batch (buffer/staleness_mean, _max, _min:
+                                 computed once, when the batch is sampled)
+  compute_seconds                THE x-axis of accuracy vs compute [device-seconds]: under
+                                 scheduler.kind="simulated" the modelled hardware's virtual
+                                 device-seconds (= sim/compute_seconds); under "async" the measured
+                                 ones (= compute/measured_seconds)
+  compute/*                      measured on this machine by `ComputeAccountant` [device-seconds,
+                                 tokens, FLOPs]; compute/mu and compute/gamma are the measured ones
+  sim/*                          the simulated schedule's virtual clock and costs; sim/mu and
+                                 sim/gamma are the modelled hardware's (config.scheduler.mu)
+  time/*                         wall seconds of this step's phases (sample, collate, step,
+                                 publish), time/virtual (the schedule's clock when the step
+                                 started), time/wall_s
+  mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
+  reward/*                       the reward runner's counters (calls, errors, timeouts, restarts)
+  pool/*                         the async schedule's worker-pool counters
+  eval/*                         held-out evaluation (`jaxreplay.evaluation.evaluate`), when due
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxreplay import accounting
+from jaxreplay import collate as collate_lib
+from jaxreplay import sharding
+from jaxreplay.experience import to_rollouts
+from jaxreplay.rollout.base import Group
+
+
+class MismatchProbe:
+  """Trainer vs sampler log-probs of the same tokens at the same policy version.
+
+  Even at equal weights an inference engine and the trainer compute slightly different
+  probabilities; peers accept a mean exp(|diff|) <= 1.05. `latest` holds the newest comparison as
+  mismatch/logprob_abs_diff, mismatch/exp_abs_diff, mismatch/logprob_abs_diff_max, mismatch/tokens.
+
+  Args:
+    logprob_fn: (params, batch) -> trainer log-probs float32 [B, T] (`trainer.make_logprob_fn`).
+    pad_id: the collate padding id; buckets: the collate length buckets.
+    every: compare on steps that are multiples of this.
+  """
+
+  def __init__(self, logprob_fn: Callable, pad_id: int, buckets: Sequence[int], every: int):
+    self.logprob_fn, self.pad_id, self.buckets = logprob_fn, pad_id, tuple(buckets)
+    self.every = max(int(every), 1)
+    self.latest: dict[str, float] = {}
+
+  def due(self, step: int) -> bool:
+    return step % self.every == 0
+
+  def check_groups(self, params, groups: Sequence[Group]) -> None:
+    """Compares on freshly generated groups (unscored: rewards and advantages are not needed)."""
+    zeros = np.zeros((len(groups), len(groups[0].completions)), np.float32)
+    rollouts = to_rollouts(groups, zeros, zeros, [0] * len(groups))
+    batch = collate_lib.collate(rollouts, buckets=self.buckets, pad_id=self.pad_id)
+    self.check_batch(params, batch, np.ones(batch.tokens.shape[0], bool))
+
+  def check_batch(self, params, batch, rows: np.ndarray) -> None:
+    """Compares on the rows of `batch` selected by `rows` (bool [B])."""
+    trainer_lp = np.asarray(sharding.host_local(self.logprob_fn(params, batch)))
+    mask = (batch.completion_mask > 0) & rows[:, None]
+    if not mask.any():
+      return
+    diff = np.abs(trainer_lp - batch.behaviour_logprobs)[mask]
+    self.latest = {"mismatch/logprob_abs_diff": float(diff.mean()),
+                   "mismatch/exp_abs_diff": float(np.exp(diff).mean()),
+                   "mismatch/logprob_abs_diff_max": float(diff.max()),
+                   "mismatch/tokens": float(mask.sum())}
+
+
+def sim_compute_metrics(sim_state, mu: float, num_workers: int,
+                        num_trainer_devices: int) -> dict[str, float]:
+  """The modelled hardware's compute under the simulated schedule (virtual device-seconds)."""
+  s = sim_state
+  return {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
+          "sim/training_device_seconds": s.training_device_seconds,
+          "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
+          "sim/mu": mu, "sim/gamma": accounting.gamma(num_workers, num_trainer_devices, mu)}
+
+
+class RunMetrics:
+  """Builds each step's row from the run's parts (see the module docstring for the keys).
+
+  Args:
+    config: the run config (schedule kind, W, T, mu).
+    buffer, accountant, task, intake: the run's parts whose metrics enter the row.
+    sim_state: the simulated schedule's clock (read only under scheduler.kind="simulated").
+    mismatch: the log-prob probe whose latest comparison enters each row.
+  `pool_metrics` (() -> the worker pool's metrics) is set by the async schedule; `timing` holds the
+  wall seconds of the current step's phases.
+  """
+
+  def __init__(self, config, buffer, accountant, task, intake, sim_state, mismatch: MismatchProbe):
+    self.config, self.buffer, self.accountant = config, buffer, accountant
+    self.task, self.intake, self.sim_state, self.mismatch = task, intake, sim_state, mismatch
+    self.pool_metrics: Callable[[], dict[str, float]] = dict
+    self.timing = {"sample_s": 0.0, "collate_s": 0.0, "step_s": 0.0, "publish_s": 0.0}
+    self._t_start = time.monotonic()
+
+  def sim(self) -> dict[str, float]:
+    """sim/* metrics under the simulated schedule; {} otherwise."""
+    c = self.config
+    if c.scheduler.kind != "simulated":
+      return {}
+    return sim_compute_metrics(self.sim_state, c.scheduler.mu, c.rollout.num_workers,
+                               c.trainer.num_devices)
+
+  def first_row(self, eval_metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The row of step 0: the initial policy's evaluation at zero compute."""
+    row = {"policy_version": 0, **eval_metrics}
+    row.update(self.sim())
+    row["compute_seconds"] = 0.0
+    return row
+
+  def row(self, step: int, published_version: int,
+          step_metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The row of `step` (evaluation metrics are added by the caller when due)."""
+    fresh = self.intake.take_fresh_rewards()
+    row = {"policy_version": step, "published_version": published_version}
+    row.update(step_metrics)
+    row["reward_mean"] = float(fresh.mean()) if fresh.size else float("nan")
+    row["fresh_rollouts"] = float(fresh.size)
+    row.update(self.buffer.metrics(current_version=step))
+    row.update(self.accountant.metrics())
+    row["compute/measured_seconds"] = row["compute_seconds"]
+    sim = self.sim()
+    row.update(sim)
+    if sim:
+      row["compute_seconds"] = sim["sim/compute_seconds"]
+    row.update({f"time/{k}": v for k, v in self.timing.items()})
+    row["time/wall_s"] = time.monotonic() - self._t_start
+    row.update(self.mismatch.latest)
+    row.update({k: float(v) for k, v in self.task.reward_metrics().items()})
+    row.update(self.pool_metrics())
+    return row

@@ -1,0 +1,148 @@
+"""Request intake and experience building: prompts out, scored rollouts with advantages in."""
+import threading
+
+import numpy as np
+import pytest
+
+from jaxreplay import losses
+from jaxreplay.buffer import ReplayBuffer
+from jaxreplay.experience import Intake, PromptSource, make_advantage_fn, score_groups, to_rollouts
+from jaxreplay.rollout.base import Completion, Group, SamplingParams
+from jaxreplay.tasks.arithmetic import Problem
+
+
+class Codec:
+  """Characters <-> their code points; prompts get a bos id 1."""
+  pad_id = 0
+
+  def encode_prompt(self, text):
+    return np.asarray([1] + [ord(ch) for ch in text], np.int32)
+
+  def decode(self, ids):
+    return "".join(chr(i) for i in ids)
+
+
+class Task:
+  """Problem i is "i+i=" with answer 2i; exact match of the decoded completion."""
+
+  def sample(self, rng, n):
+    i = int(rng.integers(0, 50))
+    return [Problem(prompt=f"{i}+{i}=", answer=str(2 * i), id=i) for _ in range(n)]
+
+  def score_batch(self, texts, problems):
+    return np.asarray([float(t == p.answer) for t, p in zip(texts, problems)], np.float32)
+
+
+def groups_for(batch, answers_right):
+  """One group per prompt of `batch`; completion j is right iff answers_right[j]."""
+  groups = []
+  for k, (_, problem) in enumerate(batch.meta):
+    comps = []
+    for right in answers_right:
+      text = problem.answer if right else "x"
+      tokens = np.asarray([ord(ch) for ch in text], np.int32)
+      comps.append(Completion(tokens, np.full(len(tokens), -0.5, np.float32), "stop"))
+    groups.append(Group(batch.prompts[k], comps, policy_version=3, prompt_index=k))
+  return groups
+
+
+def make_intake(capacity=64, on_policy=False, p=2, g=4):
+  buf = ReplayBuffer(capacity, seed=0, consume=on_policy)
+  task = Task()
+  intake = Intake(task, Codec(), PromptSource(task, seed=5), buf, make_advantage_fn("grpo"),
+                  SamplingParams(max_tokens=4), prompts_per_request=p, group_size=g,
+                  on_policy=on_policy)
+  return intake, buf
+
+
+def test_prompt_source_is_deterministic_and_requeues_dropped_prompts():
+  a, b = PromptSource(Task(), seed=3), PromptSource(Task(), seed=3)
+  assert [p.prompt for _, p in a.take(5)] == [p.prompt for _, p in b.take(5)]
+  src = PromptSource(Task(), seed=3)
+  first = src.take(3)
+  src.delivered([first[0][0]])
+  src.dropped([first[1][0]])
+  state = src.state_dict()
+  assert state == {"cursor": 3, "pending": [1, 2]}  # the dropped one first, then the in-flight one
+  again = PromptSource(Task(), seed=3)
+  again.load_state_dict(state)
+  taken = again.take(3)
+  assert [i for i, _ in taken] == [1, 2, 3]
+  assert taken[0][1].prompt == first[1][1].prompt
+
+
+def test_intake_delivers_scored_rollouts_with_group_advantages():
+  intake, buf = make_intake()
+  batch = intake.next_request()
+  assert len(batch.prompts) == 2 and batch.n == 4 and intake.in_flight == 8
+  np.testing.assert_array_equal(batch.prompts[0], Codec().encode_prompt(batch.meta[0][1].prompt))
+  intake.deliver(batch, groups_for(batch, [True, False, False, True]))
+  assert intake.in_flight == 0 and len(buf) == 8
+  rollouts = buf.contents()
+  assert [r.group_id for r in rollouts] == [0] * 4 + [1] * 4
+  rewards = np.asarray([r.reward for r in rollouts], np.float32).reshape(2, 4)
+  np.testing.assert_array_equal(rewards, [[1, 0, 0, 1], [1, 0, 0, 1]])
+  np.testing.assert_allclose(np.asarray([r.advantage for r in rollouts]).reshape(2, 4),
+                             np.asarray(losses.grpo_advantages(rewards)), rtol=1e-6)
+  assert all(r.policy_version == 3 for r in rollouts)
+  np.testing.assert_array_equal(intake.take_fresh_rewards(), rewards.reshape(-1))
+  assert intake.take_fresh_rewards().size == 0
+  intake.deliver(intake.next_request(), groups_for(batch, [True] * 4))
+  assert [r.group_id for r in buf.contents()][-4:] == [3] * 4  # group ids keep counting
+
+
+def test_on_policy_intake_waits_while_the_queue_is_full_and_drops_requeue():
+  intake, buf = make_intake(capacity=16, on_policy=True)
+  first, second = intake.next_request(), intake.next_request()
+  assert first is not None and second is not None
+  assert intake.next_request() is None  # 8 + 8 in flight fill the queue of 16
+  intake.dropped(second, RuntimeError("worker died"))
+  assert intake.in_flight == 8
+  third = intake.next_request()
+  assert [i for i, _ in third.meta] == [i for i, _ in second.meta]  # the lost prompts come back
+  intake.deliver(first, groups_for(first, [True, False, True, False]))
+  assert intake.next_request() is None  # 8 held + 8 in flight
+  buf.sample(8)  # the trainer consumes the queue
+  assert intake.next_request() is not None
+
+
+def test_deliver_is_all_or_nothing_and_state_round_trips():
+  intake, buf = make_intake()
+  batch = intake.next_request()
+  bad = groups_for(batch, [True, False, True, False])
+  bad[1].completions.pop()  # groups of different sizes: nothing may reach the buffer
+  with pytest.raises(ValueError, match="different sizes"):
+    intake.deliver(batch, bad)
+  assert len(buf) == 0 and intake.in_flight == 0
+  state = intake.state_dict()
+  other, _ = make_intake()
+  other.load_state_dict(state)
+  assert other.next_group_id == intake.next_group_id
+  assert [i for i, _ in other.next_request().meta] == [0, 1]  # undelivered prompts handed out again
+
+
+def test_score_groups_and_to_rollouts():
+  intake, _ = make_intake()
+  batch = intake.next_request()
+  groups = groups_for(batch, [False, True, True, True])
+  rewards = score_groups(groups, [p for _, p in batch.meta], Task(), Codec())
+  np.testing.assert_array_equal(rewards, [[0, 1, 1, 1]] * 2)
+  rollouts = to_rollouts(groups, rewards, np.zeros_like(rewards), [7, 8])
+  assert [r.group_id for r in rollouts] == [7] * 4 + [8] * 4
+  assert [r.reward for r in rollouts] == [0.0, 1.0, 1.0, 1.0] * 2
+
+
+def test_intake_is_thread_safe_under_concurrent_delivery():
+  intake, buf = make_intake(capacity=4096)
+  batches = [intake.next_request() for _ in range(40)]
+
+  def deliver(bs):
+    for b in bs:
+      intake.deliver(b, groups_for(b, [True, False, True, False]))
+  threads = [threading.Thread(target=deliver, args=(batches[k::4],)) for k in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(buf) == 320 and intake.in_flight == 0
+  assert sorted({r.group_id for r in buf.contents()}) == list(range(80))
