@@ -66,7 +66,7 @@ def check_common(rows, total=6):
 def test_simulated_jax_replays_and_is_deterministic(tmp_path):
   a, b = str(tmp_path / "a"), str(tmp_path / "b")
   run_launch(a)
-  run_launch(b)
+  run_launch(b, "--config.export_hf_every=4", "--config.checkpoint.every=0")  # hf/ at 4 and 6
   rows_a, rows_b = read_rows(a), read_rows(b)
   check_common(rows_a)
   last = rows_a[-1]
@@ -85,6 +85,8 @@ def test_simulated_jax_replays_and_is_deterministic(tmp_path):
   transformers = require("transformers")
   torch = require("torch")
   from jaxreplay import models
+  assert os.listdir(os.path.join(b, "checkpoints")) == ["6"]  # checkpoint.every=0: the end only
+  assert os.path.isfile(os.path.join(b, "hf", "model.safetensors"))  # export_hf_every=4
   hf = os.path.join(a, "hf")
   model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
   cfg, params = models.load_hf(hf)
