@@ -15,9 +15,10 @@ Regions (`positive_fraction = delta`):
             (evicting the oldest positive when full); a non-positive one is dropped.
 Sampling is uniform over everything held (both regions).
 
-`consume=True` turns the buffer into the on-policy baseline's queue: `sample` pops the OLDEST B
-rollouts (FIFO), so each rollout is used once and the trainer waits for fresh data. A queue that
-overflows drops its oldest rollouts (counted in "buffer/evicted").
+`consume=True` turns the buffer into the on-policy baseline's queue: `sample` pops B rollouts, so
+each rollout is used once and the trainer waits for fresh data. `consume_order="lifo"` (the paper's
+baseline, the default) pops the NEWEST B, `"fifo"` the oldest B. A queue that overflows drops its
+oldest rollouts (counted in "buffer/evicted").
 
 All methods are thread-safe (one lock and condition variable); `sample` blocks until enough
 rollouts are held, and `close()` wakes blocked samplers with `BufferClosedError`.
@@ -69,6 +70,7 @@ HELD_STALENESS_KEYS = (
     "buffer/held_staleness_max",
 )
 
+CONSUME_ORDERS = ("lifo", "fifo")
 _STATE_FORMAT = 1
 _STATE_KEYS = (
     "format", "capacity", "positive_fraction", "consume", "recent_count", "positive_count",
@@ -96,11 +98,13 @@ class ReplayBuffer:
     capacity: N, the most rollouts held (both regions together).
     seed: seeds the numpy Generator (PCG64) that draws the batches.
     positive_fraction: delta in [0, 1); the positive-bias region holds floor(delta * N) slots.
-    consume: the on-policy queue: `sample` removes the oldest B rollouts it returns.
+    consume: the on-policy queue: `sample` removes the B rollouts it returns.
+    consume_order: which B a consuming `sample` pops: "lifo" (the newest, the paper's baseline) or
+      "fifo" (the oldest).
   """
 
   def __init__(self, capacity: int, seed: int = 0, positive_fraction: float = 0.0,
-               consume: bool = False):
+               consume: bool = False, consume_order: str = "lifo"):
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
       raise ValueError(f"capacity={capacity!r} must be a positive int (rollouts)")
     positive_fraction = float(positive_fraction)
@@ -117,9 +121,12 @@ class ReplayBuffer:
     if consume and positive_fraction > 0:
       raise ValueError("consume=True (the on-policy queue) cannot have a positive region: "
                        "set positive_fraction=0")
+    if consume_order not in CONSUME_ORDERS:
+      raise ValueError(f"consume_order={consume_order!r}; expected one of {CONSUME_ORDERS}")
     self.capacity = int(capacity)
     self.positive_fraction = positive_fraction
     self.consume = bool(consume)
+    self.consume_order = consume_order
     self.n_recent, self.n_positive = n_recent, n_positive
     self._seed = seed
     self._cond = threading.Condition(threading.Lock())
@@ -266,7 +273,11 @@ class ReplayBuffer:
             f"ReplayBuffer closed while sample({batch_size}) waited (held {self._size()}): "
             "the pipeline is shutting down")
       if self.consume:
-        slots = self._recent[(self._recent_head + np.arange(batch_size)) % self.n_recent]
+        if self.consume_order == "lifo":
+          logical = self._recent_count - 1 - np.arange(batch_size)  # newest first
+        else:
+          logical = np.arange(batch_size)
+        slots = self._recent[(self._recent_head + logical) % self.n_recent]
       else:
         idx = self._rng.choice(self._size(), size=batch_size, replace=False)
         slots = self._logical_slots(np.asarray(idx, np.int64))
@@ -287,7 +298,8 @@ class ReplayBuffer:
                      staleness_min=int(st.min()))
       self._last_batch_stats = stats
       if self.consume:
-        self._recent_head = (self._recent_head + batch_size) % self.n_recent
+        if self.consume_order == "fifo":
+          self._recent_head = (self._recent_head + batch_size) % self.n_recent
         self._recent_count -= batch_size
         self._consumed += batch_size
         for s in slots.tolist():
@@ -391,6 +403,7 @@ class ReplayBuffer:
           "capacity": self.capacity,
           "positive_fraction": self.positive_fraction,
           "consume": int(self.consume),
+          "consume_lifo": int(self.consume_order == "lifo"),
           "recent_count": self._recent_count,
           "positive_count": self._pos_count,
           "next_uid": self._next_uid,
@@ -416,15 +429,20 @@ class ReplayBuffer:
       }
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
-    """Restores `state_dict()` output; capacity, positive_fraction and consume must match."""
+    """Restores `state_dict()` output; capacity, positive_fraction and consume (with its order)
+    must match."""
     missing = sorted(set(_STATE_KEYS) - set(state))
     if missing:
       raise ValueError(f"buffer state is missing keys {missing}: not a ReplayBuffer.state_dict()")
     scalar = lambda k: np.asarray(state[k]).item()
     if int(scalar("format")) != _STATE_FORMAT:
       raise ValueError(f"buffer state format {scalar('format')} != {_STATE_FORMAT}")
-    for key, mine in (("capacity", self.capacity), ("positive_fraction", self.positive_fraction),
-                      ("consume", int(self.consume))):
+    state = {"consume_lifo": 0, **state}  # checkpoints from before LIFO queues were FIFO
+    checks = [("capacity", self.capacity), ("positive_fraction", self.positive_fraction),
+              ("consume", int(self.consume))]
+    if self.consume:
+      checks.append(("consume_lifo", int(self.consume_order == "lifo")))
+    for key, mine in checks:
       if scalar(key) != mine:
         raise ValueError(f"buffer state has {key}={scalar(key)} but this buffer has {key}={mine}: "
                          f"build the ReplayBuffer with the {key} of the checkpoint")

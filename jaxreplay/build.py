@@ -36,7 +36,7 @@ from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.workers import RolloutBackend
 
 BACKENDS = ("jax", "vllm", "auto")
-SCHEDULES = ("simulated", "async")
+SCHEDULES = ("simulated", "sync", "async")
 TASKS = ("arithmetic", "math")
 
 
@@ -75,6 +75,30 @@ def validate_config(c) -> None:
                   f"model.max_len={c.model.max_len}; raise model.max_len")
   if c.total_steps < 1:
     errors.append(f"total_steps={c.total_steps} must be >= 1")
+  if c.compute_budget < 0:
+    errors.append(f"compute_budget={c.compute_budget} must be >= 0 (device-seconds; 0 = off)")
+  if c.compute_budget > 0 and c.trainer.schedule == "cosine":
+    errors.append("compute_budget with trainer.schedule='cosine': the cosine decays over "
+                  "total_steps, which the budget cuts short; use trainer.schedule='constant'")
+  if any(x < 0 for x in c.eval.compute_grid):
+    errors.append(f"eval.compute_grid={tuple(c.eval.compute_grid)} must hold compute_seconds >= 0")
+  if c.buffer.on_policy_order not in buffer_lib.CONSUME_ORDERS:
+    errors.append(f"buffer.on_policy_order={c.buffer.on_policy_order!r}: expected one of "
+                  f"{buffer_lib.CONSUME_ORDERS}")
+  if not 0.0 <= c.scheduler.prefill_fraction < 1.0:
+    errors.append(f"scheduler.prefill_fraction={c.scheduler.prefill_fraction} must be in [0, 1)")
+  if c.scheduler.reference_tokens < 0:
+    errors.append(f"scheduler.reference_tokens={c.scheduler.reference_tokens} must be >= 0 "
+                  "(0 = calibrate on the first request)")
+  if c.scheduler.kind == "sync":
+    r = c.scheduler.rollouts_per_step
+    if r < request or r % request:
+      errors.append(f"scheduler.rollouts_per_step={r} must be a positive multiple of one request "
+                    f"(rollout.prompts_per_request * rollout.group_size = {request}); e.g. "
+                    f"{max(request, r - r % request)}")
+    if c.buffer.on_policy and r > c.buffer.size:
+      errors.append(f"scheduler.kind='sync' with buffer.on_policy: a step's rollouts_per_step={r} "
+                    f"must fit the queue (buffer.size={c.buffer.size}); on-policy is N = B = R")
   if c.export_hf_every < 0:
     errors.append(f"export_hf_every={c.export_hf_every} must be >= 0 (0 = at checkpoints)")
   if c.trainer.schedule == "cosine" and c.total_steps <= c.trainer.warmup_steps:
@@ -89,10 +113,11 @@ def validate_config(c) -> None:
   if c.task.name == "math" and not c.task.path:
     errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
                   "answer fields>")
-  if jax.process_count() > 1 and c.scheduler.kind != "simulated":
+  if jax.process_count() > 1 and c.scheduler.kind == "async":
     errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
                   "processes: multi-process trainers run every process's host pipeline in "
-                  "lockstep, which needs scheduler.kind='simulated' (or run one trainer process)")
+                  "lockstep, which needs scheduler.kind='simulated' or 'sync' (or run one trainer "
+                  "process)")
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -243,7 +268,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
 
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
-                                consume=c.buffer.on_policy)
+                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order)
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)

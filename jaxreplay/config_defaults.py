@@ -11,7 +11,10 @@ import ml_collections
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.total_steps = 100              # gradient steps (= policy versions produced)
+  c.total_steps = 100              # gradient steps (= policy versions produced); a cap when
+                                   # compute_budget is set
+  c.compute_budget = 0.0           # device-seconds of `compute_seconds` (the run's compute axis);
+                                   # > 0: stop at the first step that reaches it; 0 = off
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"          # jaxreplay.models.presets name, used when `path` is empty
@@ -51,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.batch_size = 60         # B, rollouts per gradient step
   c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
   c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
+  c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
 
   c.trainer = ml_collections.ConfigDict()
   c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the
@@ -77,18 +81,30 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
   c.scheduler = ml_collections.ConfigDict()
-  c.scheduler.kind = "simulated"   # simulated (deterministic virtual time) | async (real concurrency)
-  # Simulated costs in virtual device-seconds. mu = B * gen_seconds_per_rollout / train_seconds_per_step.
+  c.scheduler.kind = "simulated"   # simulated: W workers / T trainer devices in virtual time |
+                                   # sync: the theory's synchronous loop (R new rollouts per step)
+                                   # | async: real concurrency
+  # Virtual costs (simulated, sync), in device-seconds. A rollout of the reference length costs
+  # g = mu * train_seconds_per_step / B; a request costs prefill_fraction * g per rollout plus
+  # (1 - prefill_fraction) * g / reference_tokens per generated token.
   c.scheduler.mu = 6.84            # generation / training cost per update (paper: Qwen3-0.6B)
   c.scheduler.train_seconds_per_step = 1.0
+  c.scheduler.prefill_fraction = 0.1  # share of a reference rollout's cost that does not scale
+                                   # with its generated tokens
+  c.scheduler.reference_tokens = 0.0  # completion tokens of a reference rollout; 0 = the mean of
+                                   # the run's first request
+  c.scheduler.rollouts_per_step = 64  # sync: R, rollouts generated per gradient step
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every = 20                # steps; 0 = only at the end
+  c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)
+  c.eval.compute_grid = ()         # compute_seconds values: evaluate at the first step reaching
+                                   # each (and at step 0 and the end); () = every eval.every steps
   c.eval.num_problems = 64
   c.eval.n_samples = 16
   c.eval.ks = (1, 2, 4, 8, 16)
   c.eval.temperature_pass1 = 0.1
   c.eval.temperature_passk = 1.0
+  c.eval.top_p = 1.0               # the paper evaluates at top_p 0.95
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 20          # steps

@@ -55,6 +55,9 @@ class Pipeline:
     self.step = int(jax.device_get(self.state.step))
     self.weights: Optional[Weights] = None
     self.last_eval: dict[str, float] = {}
+    self.finished = self.step >= parts.config.total_steps
+    self._grid = sorted(float(x) for x in parts.config.eval.compute_grid)
+    self._grid_next = 0  # index of the next compute-grid point to evaluate at
     c = self.config
     self.progress = metrics_lib.ProgressLogger(c.total_steps, every_s=c.log.every_s,
                                                start_step=self.step)
@@ -63,6 +66,9 @@ class Pipeline:
 
   def steps_done(self) -> int:
     return self.step
+
+  def done(self) -> bool:
+    return self.finished
 
   def latest_weights(self) -> Weights:
     return self.weights
@@ -74,7 +80,7 @@ class Pipeline:
     probe = self.parts.metrics.mismatch
     # Under the simulated schedule generation and training interleave on this thread, so fresh
     # groups are compared at once; the async schedule compares fresh rows of a batch instead.
-    if (self.config.scheduler.kind == "simulated" and groups
+    if (self.config.scheduler.kind in ("simulated", "sync") and groups
         and groups[0].policy_version == self.step and probe.due(self.step)):
       probe.check_groups(self.state.params, groups)
 
@@ -108,24 +114,41 @@ class Pipeline:
     step_metrics["time/virtual"] = float(now)
     return StepResult(self.step, step_metrics)
 
-  def publish_if_due(self, result: StepResult) -> Optional[Weights]:
+  def _end_of_step(self) -> None:
+    """Decides at the end of each step (once) whether it is the run's last one."""
     c = self.config
-    if result.step % c.rollout.refresh_every == 0 or result.step == c.total_steps:
+    budget_spent = c.compute_budget > 0 and self.parts.metrics.compute_seconds() >= c.compute_budget
+    self.finished = self.step >= c.total_steps or budget_spent
+
+  def publish_if_due(self, result: StepResult) -> Optional[Weights]:
+    self._end_of_step()
+    if result.step % self.config.rollout.refresh_every == 0 or self.finished:
       return self.publish()
     return None
+
+  def _eval_due(self, step: int) -> bool:
+    c = self.config
+    if self.finished:
+      return True
+    if self._grid:
+      compute, due = self.parts.metrics.compute_seconds(), False
+      while self._grid_next < len(self._grid) and self._grid[self._grid_next] <= compute:
+        self._grid_next, due = self._grid_next + 1, True
+      return due
+    return bool(c.eval.every) and step % c.eval.every == 0
 
   def finish_step(self, result: StepResult, now: float) -> None:
     del now
     c, step = self.config, result.step
     row = self.parts.metrics.row(step, self.weights.version, result.metrics)
-    if (c.eval.every and step % c.eval.every == 0) or step == c.total_steps:
+    if self._eval_due(step):
       self.last_eval = self.evaluate()
       row.update(self.last_eval)
     self.parts.writer.write(step, row)
-    self.progress.update(step, row)
-    if (c.checkpoint.every and step % c.checkpoint.every == 0) or step == c.total_steps:
+    self.progress.update(step, row, force=self.finished)
+    if (c.checkpoint.every and step % c.checkpoint.every == 0) or self.finished:
       self.checkpoint()
-    if c.export_hf_every and (step % c.export_hf_every == 0 or step == c.total_steps):
+    if c.export_hf_every and (step % c.export_hf_every == 0 or self.finished):
       self.export_hf()
 
   # ---- weights, evaluation, checkpoints ---------------------------------------------------------
@@ -144,7 +167,7 @@ class Pipeline:
         p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=c.eval.n_samples,
         ks=tuple(c.eval.ks), temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
         temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
-        seed=c.seed + 7919)
+        top_p=c.eval.top_p, seed=c.seed + 7919)
 
   def host_state(self) -> dict[str, Any]:
     p = self.parts
@@ -177,15 +200,26 @@ class Pipeline:
     for k, v in host["sim"].items():
       setattr(p.sim_state, k, v)
 
-  def start(self) -> None:
-    """Restores host state on resume, publishes the first weights, evaluates the initial policy."""
+  def resume(self) -> None:
+    """Restores the host state of a resumed run and decides whether it has finished already."""
     p, c = self.parts, self.config
     if p.resumed_host is not None:
       self.restore_host_state(p.resumed_host)
       logging.info("resumed at step %d (buffer %d rollouts)", self.step, len(p.buffer))
+    if c.scheduler.reference_tokens > 0:
+      p.sim_state.reference_tokens = float(c.scheduler.reference_tokens)
+    compute = p.metrics.compute_seconds()
+    self._grid_next = sum(1 for x in self._grid if x <= compute)  # the evaluated ones
+    if self.step > 0:
+      self._end_of_step()
+
+  def start(self) -> None:
+    """Publishes the first weights and evaluates the initial policy (step 0)."""
+    p, c = self.parts, self.config
     self.publish()
     if self.step == 0:
-      self.last_eval = p.metrics.first_row(self.evaluate() if c.eval.every else {})
+      evaluate = c.eval.every or self._grid
+      self.last_eval = p.metrics.first_row(self.evaluate() if evaluate else {})
       p.writer.write(0, self.last_eval)
 
   def summary(self) -> dict[str, Any]:
@@ -193,16 +227,22 @@ class Pipeline:
 
 
 def make_scheduler(parts: build_lib.Parts):
-  """The config's schedule: `SimulatedScheduler` or `AsyncScheduler` (which owns the pool)."""
+  """The config's schedule: `SimulatedScheduler`, `SyncScheduler` or `AsyncScheduler` (which owns
+  the worker pool)."""
   c = parts.config
-  if c.scheduler.kind == "simulated":
-    return schedulers.SimulatedScheduler(
-        parts.rollouts.make_worker, c.rollout.num_workers, c.trainer.num_devices,
-        parts.intake.request_rollouts, parts.gen_seconds_per_rollout,
-        c.scheduler.train_seconds_per_step, state=parts.sim_state)
-  scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers)
-  parts.metrics.pool_metrics = scheduler.pool_metrics
-  return scheduler
+  if c.scheduler.kind == "async":
+    scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers)
+    parts.metrics.pool_metrics = scheduler.pool_metrics
+    return scheduler
+  cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
+                                   parts.sim_state)
+  common = dict(cost=cost, train_device_seconds=c.scheduler.train_seconds_per_step,
+                state=parts.sim_state)
+  if c.scheduler.kind == "sync":
+    return schedulers.SyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
+                                    c.trainer.num_devices, c.scheduler.rollouts_per_step, **common)
+  return schedulers.SimulatedScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
+                                       c.trainer.num_devices, **common)
 
 
 def run(config, workdir: str) -> dict[str, Any]:
@@ -215,9 +255,12 @@ def run(config, workdir: str) -> dict[str, Any]:
   with contextlib.ExitStack() as stack:
     parts = build_lib.build(config, workdir, stack)
     pipeline = Pipeline(parts)
-    if pipeline.step >= config.total_steps:
-      logging.info("nothing to do: step %d >= total_steps %d", pipeline.step, config.total_steps)
+    pipeline.resume()
+    if pipeline.finished:
+      logging.info("nothing to do: the run in %s finished at step %d (total_steps %d, "
+                   "compute_budget %g)", workdir, pipeline.step, config.total_steps,
+                   config.compute_budget)
       return pipeline.summary()
     pipeline.start()
-    make_scheduler(parts).run(pipeline, config.total_steps)
+    make_scheduler(parts).run(pipeline)
   return pipeline.summary()

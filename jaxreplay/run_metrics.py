@@ -14,10 +14,16 @@ Keys of a row, by source (units in brackets):
                                  scheduler.kind="simulated" the modelled hardware's virtual
                                  device-seconds (= sim/compute_seconds); under "async" the measured
                                  ones (= compute/measured_seconds)
-  compute/*                      measured on this machine by `ComputeAccountant` [device-seconds,
-                                 tokens, FLOPs]; compute/mu and compute/gamma are the measured ones
-  sim/*                          the simulated schedule's virtual clock and costs; sim/mu and
-                                 sim/gamma are the modelled hardware's (config.scheduler.mu)
+  compute/mu, compute/gamma      THE run's mu and gamma: under "simulated" and "sync" the modelled
+                                 ones (= sim/mu, sim/gamma), under "async" the measured ones
+  compute/*                      otherwise measured on this machine by `ComputeAccountant`
+                                 [device-seconds, tokens, FLOPs], incl. compute/measured_mu (per
+                                 token, from measured seconds) and compute/measured_gamma
+  sim/*                          the virtual clock and costs of "simulated" / "sync": sim/mu is
+                                 config.scheduler.mu; sim/gamma the compute per update relative to
+                                 on-policy, (1 + W/T) / (1 + mu) ("simulated", the paper's Table 1)
+                                 or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
+                                 completion length the generation cost is calibrated at
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
                                  started), time/wall_s
@@ -81,14 +87,18 @@ class MismatchProbe:
                    "mismatch/tokens": float(mask.sum())}
 
 
-def sim_compute_metrics(sim_state, mu: float, num_workers: int,
-                        num_trainer_devices: int) -> dict[str, float]:
-  """The modelled hardware's compute under the simulated schedule (virtual device-seconds)."""
+def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
+  """(B + mu R) / ((1 + mu) B): a sync step's compute over that of the on-policy N = B = R one."""
+  return (batch_size + mu * rollouts_per_step) / ((1.0 + mu) * batch_size)
+
+
+def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
+  """The modelled hardware's compute under the simulated / sync schedules (device-seconds)."""
   s = sim_state
   return {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
           "sim/training_device_seconds": s.training_device_seconds,
           "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
-          "sim/mu": mu, "sim/gamma": accounting.gamma(num_workers, num_trainer_devices, mu)}
+          "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
 
 
 class RunMetrics:
@@ -111,12 +121,23 @@ class RunMetrics:
     self._t_start = time.monotonic()
 
   def sim(self) -> dict[str, float]:
-    """sim/* metrics under the simulated schedule; {} otherwise."""
+    """sim/* metrics under the simulated and sync schedules; {} under async."""
     c = self.config
-    if c.scheduler.kind != "simulated":
+    mu = c.scheduler.mu
+    if c.scheduler.kind == "simulated":
+      gamma = accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
+    elif c.scheduler.kind == "sync":
+      gamma = sync_gamma(c.buffer.batch_size, c.scheduler.rollouts_per_step, mu)
+    else:
       return {}
-    return sim_compute_metrics(self.sim_state, c.scheduler.mu, c.rollout.num_workers,
-                               c.trainer.num_devices)
+    return sim_compute_metrics(self.sim_state, mu, gamma)
+
+  def compute_seconds(self) -> float:
+    """The run's compute axis now: virtual device-seconds (simulated, sync) or measured ones."""
+    if self.config.scheduler.kind in ("simulated", "sync"):
+      s = self.sim_state
+      return s.generation_device_seconds + s.training_device_seconds
+    return self.accountant.metrics()["compute_seconds"]
 
   def first_row(self, eval_metrics: Mapping[str, float]) -> dict[str, Any]:
     """The row of step 0: the initial policy's evaluation at zero compute."""
@@ -140,6 +161,10 @@ class RunMetrics:
     row.update(sim)
     if sim:
       row["compute_seconds"] = sim["sim/compute_seconds"]
+      row["compute/mu"], row["compute/gamma"] = sim["sim/mu"], sim["sim/gamma"]
+    else:
+      row["compute/mu"] = row["compute/measured_mu"]
+      row["compute/gamma"] = row["compute/measured_gamma"]
     row.update({f"time/{k}": v for k, v in self.timing.items()})
     row["time/wall_s"] = time.monotonic() - self._t_start
     row.update(self.mismatch.latest)

@@ -4,10 +4,16 @@ Both drive the same `Hooks` (implemented by `jaxreplay.pipeline.Pipeline`) and t
 intake (`jaxreplay.experience.Intake`), so the replay run and the on-policy baseline differ only by
 the buffer settings, never by a second code path. `pipeline.run` picks one of the two.
 
+Virtual costs (`GenerationCost`). A request's generation takes device-seconds that follow what it
+generated: a fixed part per rollout (prefill) plus a part per generated token (decode), calibrated
+so that B rollouts of the reference completion length cost mu gradient steps (the paper's mu, the
+generation / training cost per update). Longer completions cost more, as on real hardware, so
+workers desynchronise by themselves.
+
 Simulated schedule (`SimulatedScheduler`). W workers and T trainer devices in virtual time:
-  - a worker request of R = `request_rollouts` rollouts takes R * `gen_seconds_per_rollout`
-    virtual seconds on one worker device; the worker samples with the newest published weights at
-    the moment the request starts, and its rollouts enter the buffer when the request ends;
+  - a worker request runs for its generation cost on one worker device; the worker samples with the
+    newest published weights at the moment the request starts, and its rollouts enter the buffer
+    when the request ends;
   - a gradient step takes `train_device_seconds / T` virtual seconds; its weights are published
     (every `refresh_every` steps) when the step ends.
 Events at equal times are processed trainer first, then workers by index; work is then started
@@ -15,6 +21,10 @@ workers first (so they sample with the weights just published), then the trainer
 computation runs in that order on this machine (one local worker generates for every virtual one),
 so the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and
 the same seed gives the same run bit for bit, whatever this machine's speed.
+
+Synchronous schedule (`SyncScheduler`): the theory's setting (PAPER.md, Section 4). Each step
+generates R = `rollouts_per_step` rollouts with the current policy into the buffer (a FIFO of N),
+then samples B and takes one gradient step: N/R and B/R are exact knobs, and N = B = R is on-policy.
 
 Asynchronous schedule (`AsyncScheduler`). A `WorkerPool` of W real workers (threads driving
 in-process JAX samplers or vLLM engine processes) fills the buffer while this thread trains as soon
@@ -40,8 +50,8 @@ class Hooks(Protocol):
 
   intake: Any  # `jaxreplay.experience.Intake`: next_request / deliver / dropped
 
-  def steps_done(self) -> int:
-    """Gradient steps completed so far."""
+  def done(self) -> bool:
+    """Whether the run has finished (total_steps, or the compute budget, reached at a step end)."""
 
   def latest_weights(self) -> Weights:
     """The newest published weights (workers sample with these)."""
@@ -69,40 +79,46 @@ class SimState:
   generation_device_seconds: float = 0.0
   training_device_seconds: float = 0.0
   requests: int = 0
+  reference_tokens: float = 0.0  # the calibration length of `GenerationCost` (0 = not yet set)
 
 
-class SimulatedScheduler:
-  """Deterministic event schedule of W rollout workers and T trainer devices in virtual time.
+class GenerationCost:
+  """Virtual device-seconds of generating groups: a prefill part per rollout, a decode part per token.
 
-  Args:
-    make_worker: builds the one local worker that generates for every virtual worker (on the first
-      request, with the newest weights; it then loads each newer version before a request).
-    num_workers: W. num_trainer_devices: T.
-    request_rollouts: rollouts per worker request (prompts_per_request x group_size).
-    gen_seconds_per_rollout: virtual device-seconds to generate one rollout.
-    train_device_seconds: virtual device-seconds of one gradient step (over all T devices).
-    state: the virtual clock to continue from (a resumed run's).
+    seconds = g * (prefill_fraction * n + (1 - prefill_fraction) * tokens / L)
+  for n rollouts holding `tokens` generated tokens in all; g = `seconds_per_rollout` is the cost of a
+  rollout of the reference length L, so B rollouts of length L cost mu training steps when
+  g = mu * train_seconds_per_step / B. L is `state.reference_tokens`; when it is 0 (not given) the
+  first call sets it to the mean completion length of its groups (saved with the clock, so a resumed
+  run keeps it).
   """
 
-  def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,
-               request_rollouts: int, gen_seconds_per_rollout: float, train_device_seconds: float,
-               state: Optional[SimState] = None):
-    if num_workers < 1 or num_trainer_devices < 1:
-      raise ValueError(f"need W >= 1 and T >= 1, got W={num_workers}, T={num_trainer_devices}")
-    if gen_seconds_per_rollout <= 0 or train_device_seconds <= 0:
+  def __init__(self, seconds_per_rollout: float, prefill_fraction: float, state: SimState):
+    if seconds_per_rollout <= 0:
       raise ValueError("simulated costs must be > 0: set config.scheduler.mu and "
                        "config.scheduler.train_seconds_per_step")
+    if not 0.0 <= prefill_fraction < 1.0:
+      raise ValueError(f"prefill_fraction={prefill_fraction} must be in [0, 1)")
+    self.seconds_per_rollout, self.prefill_fraction, self.state = (
+        float(seconds_per_rollout), float(prefill_fraction), state)
+
+  def __call__(self, groups: list[Group]) -> float:
+    n = sum(len(g.completions) for g in groups)
+    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+    if self.state.reference_tokens <= 0:
+      self.state.reference_tokens = max(tokens / max(n, 1), 1.0)
+    f = self.prefill_fraction
+    return self.seconds_per_rollout * (f * n + (1.0 - f) * tokens / self.state.reference_tokens)
+
+
+class LocalWorker:
+  """The one in-process worker that generates for every virtual worker, at the newest weights."""
+
+  def __init__(self, make_worker: MakeWorker):
     self.make_worker = make_worker
-    self.num_workers = num_workers
-    self.num_trainer_devices = num_trainer_devices
-    self.request_rollouts = request_rollouts
-    self.request_seconds = request_rollouts * gen_seconds_per_rollout
-    self.step_seconds = train_device_seconds / num_trainer_devices
-    self.train_device_seconds = train_device_seconds
-    self.state = state or SimState()
     self._worker: Optional[RolloutWorker] = None
 
-  def _generate(self, hooks: Hooks, batch) -> list[Group]:
+  def generate(self, hooks: Hooks, batch) -> list[Group]:
     """Generates one request with the newest weights; the measured seconds go to the hooks."""
     weights = hooks.latest_weights()
     if self._worker is None:
@@ -115,17 +131,46 @@ class SimulatedScheduler:
     hooks.generated(groups, time.perf_counter() - t0)
     return groups
 
-  def run(self, hooks: Hooks, total_steps: int) -> None:
-    """Runs events until `total_steps` gradient steps are done. In-flight requests at the end are
-    dropped (their generation cost was already counted when they started)."""
-    try:
-      self._run(hooks, total_steps)
-    finally:
-      if self._worker is not None:
-        self._worker.close()
-        self._worker = None
+  def close(self) -> None:
+    if self._worker is not None:
+      self._worker.close()
+      self._worker = None
 
-  def _run(self, hooks: Hooks, total_steps: int) -> None:
+
+class SimulatedScheduler:
+  """Deterministic event schedule of W rollout workers and T trainer devices in virtual time.
+
+  Args:
+    make_worker: builds the one local worker that generates for every virtual worker (on the first
+      request, with the newest weights; it then loads each newer version before a request).
+    num_workers: W. num_trainer_devices: T.
+    cost: the virtual device-seconds of a request's groups (`GenerationCost`).
+    train_device_seconds: virtual device-seconds of one gradient step (over all T devices).
+    state: the virtual clock to continue from (a resumed run's); `cost.state` must be this one.
+  """
+
+  def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,
+               cost: GenerationCost, train_device_seconds: float, state: SimState):
+    if num_workers < 1 or num_trainer_devices < 1:
+      raise ValueError(f"need W >= 1 and T >= 1, got W={num_workers}, T={num_trainer_devices}")
+    if train_device_seconds <= 0:
+      raise ValueError("simulated costs must be > 0: set config.scheduler.train_seconds_per_step")
+    self.worker = LocalWorker(make_worker)
+    self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
+    self.cost = cost
+    self.step_seconds = train_device_seconds / num_trainer_devices
+    self.train_device_seconds = train_device_seconds
+    self.state = state
+
+  def run(self, hooks: Hooks) -> None:
+    """Runs events until `hooks.done()`. Requests in flight at the end are dropped (their
+    generation cost was counted when they started)."""
+    try:
+      self._run(hooks)
+    finally:
+      self.worker.close()
+
+  def _run(self, hooks: Hooks) -> None:
     st = self.state
     worker_done_at: list[Optional[float]] = [None] * self.num_workers
     worker_request: list[Any] = [None] * self.num_workers
@@ -136,11 +181,13 @@ class SimulatedScheduler:
       for i in range(self.num_workers):
         batch = hooks.intake.next_request() if worker_done_at[i] is None else None
         if batch is not None:
-          worker_request[i] = (batch, self._generate(hooks, batch))
-          worker_done_at[i] = st.clock + self.request_seconds
-          st.generation_device_seconds += self.request_seconds
+          groups = self.worker.generate(hooks, batch)
+          seconds = self.cost(groups)
+          worker_request[i] = (batch, groups)
+          worker_done_at[i] = st.clock + seconds
+          st.generation_device_seconds += seconds
           st.requests += 1
-      if trainer_done_at is None and hooks.steps_done() < total_steps and hooks.can_train():
+      if trainer_done_at is None and not hooks.done() and hooks.can_train():
         step_handle = hooks.train_step(st.clock)
         st.training_device_seconds += self.train_device_seconds
         trainer_done_at = st.clock + self.step_seconds
@@ -149,7 +196,7 @@ class SimulatedScheduler:
       if trainer_done_at is not None:
         pending.append(trainer_done_at)
       if not pending:
-        if hooks.steps_done() >= total_steps:
+        if hooks.done():
           return
         raise RuntimeError(
             "simulated pipeline is stuck: no worker may start and the trainer cannot train; "
@@ -159,7 +206,7 @@ class SimulatedScheduler:
         trainer_done_at = None
         hooks.publish_if_due(step_handle)
         hooks.finish_step(step_handle, st.clock)
-        if hooks.steps_done() >= total_steps:
+        if hooks.done():
           return
       for i in range(self.num_workers):
         if worker_done_at[i] is not None and worker_done_at[i] <= st.clock:
@@ -168,14 +215,72 @@ class SimulatedScheduler:
           hooks.intake.deliver(batch, groups)
 
 
+class SyncScheduler:
+  """The synchronous loop of the theory: generate R rollouts, add them, sample B, one step.
+
+  Each step first generates `rollouts_per_step` rollouts with the current weights (whole requests,
+  so R is a multiple of the request size) and delivers them to the buffer; then, once the buffer
+  can serve a batch, takes one gradient step and publishes the weights. Virtual time: generation
+  runs on W workers in parallel, then training on T devices (`state.clock`); compute is their
+  device-seconds, so a step costs train_device_seconds + R generated rollouts (B + mu R in the
+  paper's units).
+
+  Args:
+    make_worker, num_workers, num_trainer_devices, cost, train_device_seconds, state: as for
+      `SimulatedScheduler`.
+    rollouts_per_step: R.
+  """
+
+  def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,
+               rollouts_per_step: int, cost: GenerationCost, train_device_seconds: float,
+               state: SimState):
+    if rollouts_per_step < 1:
+      raise ValueError(f"rollouts_per_step={rollouts_per_step} must be >= 1")
+    self.worker = LocalWorker(make_worker)
+    self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
+    self.rollouts_per_step = int(rollouts_per_step)
+    self.cost, self.train_device_seconds, self.state = cost, train_device_seconds, state
+
+  def run(self, hooks: Hooks) -> None:
+    try:
+      self._run(hooks)
+    finally:
+      self.worker.close()
+
+  def _run(self, hooks: Hooks) -> None:
+    st = self.state
+    while not hooks.done():
+      generated, seconds = 0, 0.0
+      while generated < self.rollouts_per_step:
+        batch = hooks.intake.next_request()
+        if batch is None:
+          raise RuntimeError("sync schedule is stuck: the on-policy queue cannot take this step's "
+                             "rollouts; set buffer.size >= scheduler.rollouts_per_step")
+        groups = self.worker.generate(hooks, batch)
+        cost = self.cost(groups)
+        seconds += cost
+        st.generation_device_seconds += cost
+        st.requests += 1
+        hooks.intake.deliver(batch, groups)
+        generated += sum(len(g.completions) for g in groups)
+      st.clock += seconds / self.num_workers
+      if not hooks.can_train():
+        continue  # the buffer fills up to one batch first
+      handle = hooks.train_step(st.clock)
+      st.training_device_seconds += self.train_device_seconds
+      st.clock += self.train_device_seconds / self.num_trainer_devices
+      hooks.publish_if_due(handle)
+      hooks.finish_step(handle, st.clock)
+
+
 class AsyncScheduler:
   """The asynchronous pipeline: a `WorkerPool` of W workers next to this thread's trainer loop.
 
   Pool threads take requests from the intake, generate with the newest weights they have loaded,
   and deliver scored rollouts into the buffer; this loop trains whenever the buffer can serve a
   batch and hands every newly published `Weights` to the pool (workers load it between requests,
-  so no request straddles two versions). It stops at `total_steps`, when `stop` is set, or when the
-  pool fails (its error is re-raised here).
+  so no request straddles two versions). It stops when `hooks.done()`, when `stop` is set, or when
+  the pool fails (its error is re-raised here).
 
   Args:
     make_worker: (index, weights) -> a new worker (called again to replace a dead one).
@@ -200,7 +305,7 @@ class AsyncScheduler:
             "refreshes", "tokens_per_second", "live_threads")
     return {f"pool/{k}": float(m[k]) for k in keys}
 
-  def run(self, hooks: Hooks, total_steps: int) -> None:
+  def run(self, hooks: Hooks) -> None:
     intake = hooks.intake
 
     def deliver(delivery: Delivery) -> None:
@@ -212,14 +317,14 @@ class AsyncScheduler:
                            initial_weights=hooks.latest_weights(), on_drop=intake.dropped)
     self.pool.start()
     try:
-      self._train(hooks, total_steps)
+      self._train(hooks)
     finally:
       self.pool.stop()
     self.pool.raise_if_failed()
 
-  def _train(self, hooks: Hooks, total_steps: int) -> None:
+  def _train(self, hooks: Hooks) -> None:
     start = time.monotonic()
-    while hooks.steps_done() < total_steps and not self.stop.is_set():
+    while not hooks.done() and not self.stop.is_set():
       self.pool.raise_if_failed()
       if not hooks.can_train():
         t0 = time.monotonic()

@@ -251,8 +251,31 @@ def test_bad_positive_fraction(kwargs, match):
 # ---- consume=True: the on-policy queue -------------------------------------------------------
 
 
+def test_lifo_queue_pops_the_newest_first():
+  buf = buffer.ReplayBuffer(capacity=10, consume=True)  # LIFO: the paper's on-policy baseline
+  buf.add([make_rollout(i) for i in range(6)])
+  assert uids(buf.sample(4)) == [5, 4, 3, 2]
+  assert uids(buf.contents()) == [0, 1]
+  buf.add([make_rollout(i) for i in range(6, 9)])
+  assert uids(buf.sample(3)) == [8, 7, 6]
+  assert uids(buf.contents()) == [0, 1]  # old rollouts wait at the bottom of the stack
+  buf.add([make_rollout(i) for i in range(9, 19)])  # overflow still drops the oldest
+  assert buf.metrics()["buffer/evicted"] == 2 and uids(buf.contents()) == list(range(9, 19))
+  assert uids(buf.sample(2)) == [18, 17]
+  m = buf.metrics()
+  assert (m["buffer/consumed"], m["buffer/total_sampled"], m["buffer/total_added"]) == (9, 9, 19)
+  state = buf.state_dict()
+  again = buffer.ReplayBuffer(capacity=10, consume=True)
+  again.load_state_dict(state)
+  assert uids(again.sample(3)) == [16, 15, 14]
+  with pytest.raises(ValueError, match="consume_lifo"):
+    buffer.ReplayBuffer(capacity=10, consume=True, consume_order="fifo").load_state_dict(state)
+  with pytest.raises(ValueError, match="consume_order"):
+    buffer.ReplayBuffer(capacity=10, consume=True, consume_order="random")
+
+
 def test_consume_queue_semantics():
-  buf = buffer.ReplayBuffer(capacity=10, consume=True)
+  buf = buffer.ReplayBuffer(capacity=10, consume=True, consume_order="fifo")
   buf.add([make_rollout(i) for i in range(6)])
   assert uids(buf.sample(4)) == [0, 1, 2, 3]
   assert len(buf) == 2

@@ -6,20 +6,26 @@ import pytest
 
 from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.pool import PromptBatch
-from jaxreplay.schedulers import AsyncScheduler, SimState, SimulatedScheduler
+from jaxreplay.schedulers import (AsyncScheduler, GenerationCost, SimState, SimulatedScheduler,
+                                  SyncScheduler)
 
 SAMPLING = SamplingParams(max_tokens=2)
 
 
 class FakeWorker:
-  def __init__(self, weights, log):
-    self.policy_version, self.log = weights.version, log
+  """Completions of 2 tokens, or of `lengths(prompt)` tokens when given."""
+
+  def __init__(self, weights, log, lengths=None):
+    self.policy_version, self.log, self.lengths = weights.version, log, lengths
     self.log.append(("make", weights.version))
 
   def generate(self, prompts, n, sampling):
-    return [Group(np.asarray(p), [Completion(np.zeros(2, np.int32), np.zeros(2, np.float32),
-                                             "length")] * n, self.policy_version, i)
-            for i, p in enumerate(prompts)]
+    groups = []
+    for i, p in enumerate(prompts):
+      k = 2 if self.lengths is None else self.lengths(p)
+      comp = Completion(np.zeros(k, np.int32), np.zeros(k, np.float32), "length")
+      groups.append(Group(np.asarray(p), [comp] * n, self.policy_version, i))
+    return groups
 
   def load_weights(self, weights):
     self.log.append(("load", weights.version))
@@ -58,14 +64,14 @@ class FakeIntake:
 class FakeHooks:
   """Trains when >= batch rollouts are held (consuming them when `consume`); publishes each step."""
 
-  def __init__(self, batch=2, consume=False, capacity=None, refresh_every=1):
+  def __init__(self, batch=2, consume=False, capacity=None, refresh_every=1, total=3):
     self.intake = FakeIntake(capacity)
-    self.batch, self.consume, self.refresh_every = batch, consume, refresh_every
+    self.batch, self.consume, self.refresh_every, self.total = batch, consume, refresh_every, total
     self.step, self.weights, self.events = 0, Weights(0), []
     self.generated_seconds = []
 
-  def steps_done(self):
-    return self.step
+  def done(self):
+    return self.step >= self.total
 
   def latest_weights(self):
     return self.weights
@@ -77,7 +83,7 @@ class FakeHooks:
     return self.intake.held >= self.batch
 
   def train_step(self, now):
-    self.events.append(("train", self.step, now))
+    self.events.append(("train", self.step, now, self.intake.delivered_versions[-self.batch:]))
     if self.consume:
       with self.intake.lock:
         self.intake.held -= self.batch
@@ -94,16 +100,36 @@ class FakeHooks:
     self.events.append(("finish", step, now))
 
 
+def simulated(make, w, t, hooks_or_none=None, seconds_per_rollout=1.0, prefill=0.0, state=None,
+              reference_tokens=2.0, train=1.0):
+  state = state or SimState(reference_tokens=reference_tokens)
+  cost = GenerationCost(seconds_per_rollout, prefill, state)
+  return SimulatedScheduler(make, w, t, cost, train, state)
+
+
+def test_generation_cost_follows_tokens_and_calibrates_on_the_first_request():
+  state = SimState()
+  cost = GenerationCost(2.0, 0.25, state)
+  def groups(*lengths):
+    return [Group(np.ones(3, np.int32), [Completion(np.zeros(k, np.int32), np.zeros(k, np.float32),
+                                                    "stop") for k in lengths], 0)]
+  assert cost(groups(4, 6)) == pytest.approx(4.0)  # the first request sets L = 5: 2 x g
+  assert state.reference_tokens == 5.0
+  # g * (f * n + (1 - f) * tokens / L) = 2 * (0.25 * 2 + 0.75 * 20 / 5)
+  assert cost(groups(10, 10)) == pytest.approx(7.0)
+  assert cost(groups(5)) == pytest.approx(2.0)  # a reference-length rollout costs g
+  with pytest.raises(ValueError, match="prefill_fraction"):
+    GenerationCost(1.0, 1.0, state)
+
+
 def test_simulated_schedule_timeline_and_weights():
   log = []
-  hooks = FakeHooks(batch=2)
-  sched = SimulatedScheduler(lambda i, w: FakeWorker(w, log), num_workers=2, num_trainer_devices=1,
-                             request_rollouts=2, gen_seconds_per_rollout=1.0,
-                             train_device_seconds=1.0)
-  sched.run(hooks, total_steps=3)
+  hooks = FakeHooks(batch=2, total=3)
+  sched = simulated(lambda i, w: FakeWorker(w, log), 2, 1)
+  sched.run(hooks)
   # Two workers start at t=0 with version 0; their requests end at t=2; steps take 1 s each.
-  assert [e for e in hooks.events if e[0] == "train"] == [("train", 0, 2.0), ("train", 1, 3.0),
-                                                          ("train", 2, 4.0)]
+  assert [e[:3] for e in hooks.events if e[0] == "train"] == [("train", 0, 2.0), ("train", 1, 3.0),
+                                                              ("train", 2, 4.0)]
   # Requests delivered at t=2 and t=4 started at t=0 and t=2, before the first update ended (t=3).
   assert hooks.intake.delivered_versions == [0, 0, 0, 0]
   # The requests started at t=4 (still in flight at the end, t=5) used the weights of step 2.
@@ -111,40 +137,78 @@ def test_simulated_schedule_timeline_and_weights():
   st = sched.state
   assert st.clock == 5.0 and st.training_device_seconds == 3.0
   assert st.generation_device_seconds == 2.0 * st.requests
-  assert len(hooks.generated_seconds) == st.requests
+
+
+def test_workers_desynchronise_when_completion_lengths_differ():
+  """Requests whose completions differ in length take different times, so deliveries spread out
+  and batches mix policy versions: in-batch staleness varies on most steps (N >> one request)."""
+  lengths = lambda p: 1 + int(p[1]) % 7  # 1..7 tokens, by request
+  hooks = FakeHooks(batch=8, total=40)
+  sched = simulated(lambda i, w: FakeWorker(w, [], lengths), 4, 1, seconds_per_rollout=0.25,
+                    reference_tokens=4.0)
+  sched.run(hooks)
+  trains = [e for e in hooks.events if e[0] == "train"]
+  mixed = [len(set(e[3])) > 1 for e in trains[5:]]
+  assert np.mean(mixed) > 0.5, mixed
+  # With equal lengths the four workers stay in lockstep: every delivery window holds one version.
+  hooks = FakeHooks(batch=8, total=40)
+  simulated(lambda i, w: FakeWorker(w, []), 4, 1, seconds_per_rollout=0.25).run(hooks)
+  trains = [e for e in hooks.events if e[0] == "train"]
+  assert np.mean([len(set(e[3])) > 1 for e in trains[5:]]) < np.mean(mixed)
 
 
 def test_simulated_schedule_is_deterministic_and_resumes_its_clock():
   def run(state):
-    hooks = FakeHooks(batch=4, consume=True)
-    SimulatedScheduler(lambda i, w: FakeWorker(w, []), 3, 2, 2, 0.7, 1.3, state=state).run(hooks, 5)
+    hooks = FakeHooks(batch=4, consume=True, total=5)
+    sched = simulated(lambda i, w: FakeWorker(w, []), 3, 2, seconds_per_rollout=0.7, state=state,
+                      train=1.3)
+    sched.run(hooks)
     return hooks.events, state
-  (a, sa), (b, sb) = run(SimState()), run(SimState())
+  (a, sa), (b, sb) = run(SimState(reference_tokens=2.0)), run(SimState(reference_tokens=2.0))
   assert a == b and sa == sb
-  resumed = SimState(clock=100.0, generation_device_seconds=5.0)
+  resumed = SimState(clock=100.0, generation_device_seconds=5.0, reference_tokens=2.0)
   events, _ = run(resumed)
   assert events[0][2] >= 100.0 and resumed.generation_device_seconds > 5.0
 
 
 def test_simulated_schedule_reports_a_stuck_pipeline():
-  hooks = FakeHooks(batch=8, consume=True, capacity=4)  # the queue can never hold a batch
-  sched = SimulatedScheduler(lambda i, w: FakeWorker(w, []), 1, 1, 2, 1.0, 1.0)
+  hooks = FakeHooks(batch=8, consume=True, capacity=4, total=1)  # the queue never holds a batch
   with pytest.raises(RuntimeError, match="stuck"):
-    sched.run(hooks, total_steps=1)
+    simulated(lambda i, w: FakeWorker(w, []), 1, 1).run(hooks)
 
 
 def test_simulated_schedule_rejects_bad_costs():
   with pytest.raises(ValueError, match="W >= 1"):
-    SimulatedScheduler(None, 0, 1, 2, 1.0, 1.0)
+    simulated(None, 0, 1)
   with pytest.raises(ValueError, match="must be > 0"):
-    SimulatedScheduler(None, 1, 1, 2, 0.0, 1.0)
+    simulated(None, 1, 1, seconds_per_rollout=0.0)
+
+
+def test_sync_schedule_generates_r_then_trains_one_step():
+  log = []
+  hooks = FakeHooks(batch=4, total=3)
+  state = SimState(reference_tokens=2.0)
+  sched = SyncScheduler(lambda i, w: FakeWorker(w, log), 2, 1, 4, GenerationCost(0.5, 0.0, state),
+                        1.0, state)
+  sched.run(hooks)
+  # R = 4 rollouts (2 requests) per step, each with the weights of the step before.
+  assert hooks.intake.delivered_versions == [0, 0, 1, 1, 2, 2]
+  assert [e[1] for e in hooks.events if e[0] == "train"] == [0, 1, 2]
+  assert state.generation_device_seconds == pytest.approx(3 * 4 * 0.5)
+  assert state.training_device_seconds == 3.0
+  assert state.clock == pytest.approx(3 * (2.0 / 2 + 1.0))  # generation on W=2, training on T=1
+  assert log[0] == ("make", 0) and ("load", 2) in log
+  hooks = FakeHooks(batch=4, consume=True, capacity=2, total=1)  # R does not fit the queue
+  with pytest.raises(RuntimeError, match="rollouts_per_step"):
+    SyncScheduler(lambda i, w: FakeWorker(w, []), 1, 1, 4, GenerationCost(0.5, 0.0, state), 1.0,
+                  state).run(hooks)
 
 
 def test_async_schedule_trains_and_refreshes_the_pool():
   log = []
-  hooks = FakeHooks(batch=2, consume=True, capacity=8, refresh_every=2)
+  hooks = FakeHooks(batch=2, consume=True, capacity=8, refresh_every=2, total=6)
   sched = AsyncScheduler(lambda i, w: FakeWorker(w, log), num_workers=2)
-  sched.run(hooks, total_steps=6)
+  sched.run(hooks)
   assert hooks.step == 6
   m = sched.pool_metrics()
   assert m["pool/requests"] >= 6 and m["pool/restarts"] == 0
@@ -160,7 +224,7 @@ def test_async_schedule_raises_when_the_pool_fails():
   hooks = FakeHooks(batch=2)
   sched = AsyncScheduler(lambda i, w: Broken(w, []), num_workers=1)
   with pytest.raises(RuntimeError, match="rollout pool failed"):
-    sched.run(hooks, total_steps=3)
+    sched.run(hooks)
 
 
 def test_async_schedule_replaces_a_dead_worker():
@@ -174,5 +238,5 @@ def test_async_schedule_replaces_a_dead_worker():
       return super().generate(prompts, n, sampling)
   hooks = FakeHooks(batch=2, consume=True, capacity=8)
   sched = AsyncScheduler(lambda i, w: DiesOnce(w, []), num_workers=1)
-  sched.run(hooks, total_steps=3)
+  sched.run(hooks)
   assert hooks.step == 3 and sched.pool_metrics()["pool/restarts"] == 1

@@ -1,0 +1,81 @@
+"""The metrics row: one mu and one gamma per run, the compute axis per schedule, the log-prob probe."""
+import math
+
+import numpy as np
+import pytest
+
+from jaxreplay import accounting
+from jaxreplay import run_metrics
+from jaxreplay.buffer import ReplayBuffer
+from jaxreplay.config_defaults import base_config
+from jaxreplay.rollout.base import Completion, Group
+from jaxreplay.schedulers import SimState
+
+
+class Intake:
+  def take_fresh_rewards(self):
+    return np.array([1.0, 0.0], np.float32)
+
+
+class Task:
+  def reward_metrics(self):
+    return {"reward/calls": 2}
+
+
+def make(kind, **overrides):
+  c = base_config()
+  c.scheduler.kind = kind
+  c.rollout.num_workers, c.trainer.num_devices, c.scheduler.mu = 5, 3, 5.28
+  for k, v in overrides.items():
+    section, key = k.split(".")
+    c[section][key] = v
+  acct = accounting.ComputeAccountant(5, 3)
+  acct.add_generation(2.0, 100)
+  acct.add_training(1.0, 400)
+  sim = SimState(clock=3.0, generation_device_seconds=10.0, training_device_seconds=4.0,
+                 reference_tokens=7.5)
+  probe = run_metrics.MismatchProbe(lambda p, b: None, 0, (16,), 1)
+  return run_metrics.RunMetrics(c, ReplayBuffer(8), acct, Task(), Intake(), sim, probe)
+
+
+def test_simulated_row_reports_the_modelled_mu_and_gamma_and_the_measured_ones_apart():
+  m = make("simulated")
+  row = m.row(4, 4, {"loss": 0.5})
+  assert row["compute/mu"] == row["sim/mu"] == 5.28
+  assert row["compute/gamma"] == row["sim/gamma"] == pytest.approx(0.4246, abs=1e-4)  # Table 1
+  assert row["compute/measured_mu"] == pytest.approx((2.0 / 100) / (1.0 / 400))
+  assert row["compute/measured_gamma"] == pytest.approx((1 + 5 / 3) / (1 + 8.0))
+  assert row["compute_seconds"] == 14.0 == m.compute_seconds()
+  assert row["compute/measured_seconds"] == 3.0
+  assert row["sim/reference_tokens"] == 7.5
+  assert row["reward_mean"] == 0.5 and row["fresh_rollouts"] == 2.0 and row["reward/calls"] == 2.0
+
+
+def test_sync_gamma_is_the_cost_per_update_over_on_policy():
+  m = make("sync", **{"buffer.batch_size": 60, "scheduler.rollouts_per_step": 20})
+  row = m.row(1, 1, {})
+  assert row["compute/gamma"] == pytest.approx((60 + 5.28 * 20) / (6.28 * 60))
+  assert run_metrics.sync_gamma(60, 60, 5.28) == pytest.approx(1.0)  # N = B = R: on-policy
+
+
+def test_async_row_uses_the_measured_compute():
+  m = make("async")
+  row = m.row(1, 1, {})
+  assert not any(k.startswith("sim/") for k in row)
+  assert row["compute/mu"] == row["compute/measured_mu"]
+  assert row["compute_seconds"] == 3.0 == m.compute_seconds()
+  assert math.isfinite(row["compute/gamma"])
+
+
+def test_mismatch_probe_compares_trainer_and_sampler_logprobs():
+  completions = [Completion(np.array([5, 6], np.int32), np.array([-1.0, -2.0], np.float32), "stop")]
+  groups = [Group(np.array([1, 4], np.int32), completions, 0)]
+
+  def trainer_logprobs(params, batch):
+    return np.where(batch.completion_mask > 0, batch.behaviour_logprobs + params, 0.0)
+  probe = run_metrics.MismatchProbe(trainer_logprobs, 0, (8,), every=2)
+  assert probe.due(4) and not probe.due(3)
+  probe.check_groups(0.1, groups)
+  assert probe.latest["mismatch/tokens"] == 2.0
+  assert probe.latest["mismatch/logprob_abs_diff"] == pytest.approx(0.1)
+  assert probe.latest["mismatch/exp_abs_diff"] == pytest.approx(math.exp(0.1))
