@@ -128,6 +128,32 @@ def test_on_policy_baseline_uses_each_rollout_once(tmp_path):
   assert rows[-1]["buffer/replay_ratio"] <= 1.0
 
 
+def test_sync_on_policy_runs_to_a_compute_budget_with_evals_on_a_grid(tmp_path):
+  """The theory's synchronous loop with N = B = R (on-policy, LIFO queue): every rollout is used
+  once; the run stops at the first step whose compute reaches the budget; evals land on the first
+  steps past each compute-grid point."""
+  workdir = str(tmp_path / "sync")
+  run_launch(workdir, "--config.scheduler.kind=sync", "--config.scheduler.rollouts_per_step=32",
+             "--config.buffer.size=32", "--config.buffer.on_policy=True",
+             "--config.total_steps=50", "--config.compute_budget=30",
+             "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant")
+  rows = read_rows(workdir)
+  compute = [r["compute_seconds"] for r in rows]
+  assert compute[-1] >= 30 > compute[-2] and rows[-1]["step"] < 50
+  evals = [r["step"] for r in rows if "eval/pass@1" in r]
+  expected = [0] + [next(r["step"] for r in rows if r["compute_seconds"] >= x) for x in (10, 20)]
+  assert evals == expected + [rows[-1]["step"]]
+  last = rows[-1]
+  assert last["buffer/replay_ratio"] == 1.0 and last["buffer/staleness_max"] == 0
+  assert last["compute/gamma"] == last["sim/gamma"] == 1.0 and last["compute/mu"] == 6.84
+  # Rerunning a finished budget run does nothing.
+  out = run_launch(workdir, "--config.scheduler.kind=sync", "--config.scheduler.rollouts_per_step=32",
+                   "--config.buffer.size=32", "--config.buffer.on_policy=True",
+                   "--config.total_steps=50", "--config.compute_budget=30",
+                   "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant")
+  assert "nothing to do" in out.stderr and len(read_rows(workdir)) == len(rows)
+
+
 def test_vllm_backend_end_to_end(tmp_path):
   require("vllm")
   workdir = str(tmp_path / "vllm")
