@@ -28,7 +28,7 @@ def get_config():
   c.rollout.backend = "auto"       # vllm (one CPU engine) when installed, else the JAX sampler
   c.rollout.num_workers = 4
   c.rollout.group_size = 8
-  c.rollout.prompts_per_request = 8
+  c.rollout.prompts_per_request = 1  # small requests: workers desynchronise, as real ones do
   c.rollout.max_tokens = 6
   c.rollout.sampler_batch_size = 64
   c.buffer.size = 256
