@@ -37,7 +37,8 @@ from jaxreplay.workers import RolloutBackend
 
 BACKENDS = ("jax", "vllm", "auto")
 SCHEDULES = ("simulated", "sync", "async")
-TASKS = ("arithmetic", "math")
+TASKS = ("arithmetic", "scratchpad", "math")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
 
 
 def validate_config(c) -> None:
@@ -82,6 +83,9 @@ def validate_config(c) -> None:
                   "total_steps, which the budget cuts short; use trainer.schedule='constant'")
   if any(x < 0 for x in c.eval.compute_grid):
     errors.append(f"eval.compute_grid={tuple(c.eval.compute_grid)} must hold compute_seconds >= 0")
+  if c.eval.passk_grid and not set(c.eval.passk_grid) <= set(c.eval.compute_grid):
+    errors.append(f"eval.passk_grid={tuple(c.eval.passk_grid)} must be a subset of "
+                  f"eval.compute_grid={tuple(c.eval.compute_grid)}")
   if c.buffer.on_policy_order not in buffer_lib.CONSUME_ORDERS:
     errors.append(f"buffer.on_policy_order={c.buffer.on_policy_order!r}: expected one of "
                   f"{buffer_lib.CONSUME_ORDERS}")
@@ -143,6 +147,8 @@ def make_task(c):
   t = c.task
   if t.name == "arithmetic":
     kwargs = dict(num_digits=tuple(t.num_digits), ops=t.ops, seed=0)
+  elif t.name == "scratchpad":
+    kwargs = dict(num_digits=tuple(t.num_digits), seed=0)
   else:
     kwargs = dict(path=t.path, problem_key=t.problem_key, answer_key=t.answer_key,
                   template=t.template)
@@ -151,12 +157,13 @@ def make_task(c):
 
 def load_codec(c, task, workdir: str):
   """(TextCodec, tokenizer dir): model.tokenizer, else model.path, else a character tokenizer of
-  the arithmetic task's charset written to workdir/tokenizer."""
+  a procedural task's charset written to workdir/tokenizer."""
   tok_dir = c.model.tokenizer or c.model.path
   if not tok_dir:
-    if c.task.name != "arithmetic":
+    if c.task.name not in PROCEDURAL_TASKS:
       raise ValueError("model.tokenizer (or model.path) is needed for task "
-                       f"{c.task.name!r}: the character tokenizer only covers arithmetic")
+                       f"{c.task.name!r}: the character tokenizer only covers "
+                       f"{' and '.join(PROCEDURAL_TASKS)}")
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
       tasks.build_char_tokenizer(task.charset, tok_dir)

@@ -26,12 +26,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"       # arithmetic | math
+  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
   c.task.path = ""                 # math: a local JSONL / parquet file
   c.task.problem_key = "problem"
   c.task.answer_key = "answer"
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
-  c.task.num_digits = (1, 2)       # arithmetic operand digits (min, max)
+  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max)
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
 
@@ -99,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)
   c.eval.compute_grid = ()         # compute_seconds values: evaluate at the first step reaching
                                    # each (and at step 0 and the end); () = every eval.every steps
+  c.eval.passk_grid = ()           # compute_grid points whose evaluation also draws the n_samples
+                                   # pass@k / entropy samples (pass@1 only at the others; the final
+                                   # evaluation always draws them); () = every evaluation
   c.eval.num_problems = 64
   c.eval.n_samples = 16
   c.eval.ks = (1, 2, 4, 8, 16)
@@ -117,7 +120,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.batch = 128                # examples per step
   c.sft.learning_rate = 3e-3       # Adam peak (20 warmup steps, cosine to 10%)
   c.sft.seed = 0
-  c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry
+  c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry;
+                                   # scratchpad: probability that a demonstration forgets a carry
+  c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
+                                   # demonstrations misremember (written as sum +- 1)
+  c.sft.slip_range = (0.4, 0.95)   # scratchpad: probability range of writing a misremembered fact
 
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0

@@ -58,6 +58,8 @@ class Pipeline:
     self.finished = self.step >= parts.config.total_steps
     self._grid = sorted(float(x) for x in parts.config.eval.compute_grid)
     self._grid_next = 0  # index of the next compute-grid point to evaluate at
+    self._passk_grid = {float(x) for x in parts.config.eval.passk_grid}
+    self._passk_due = True  # whether the next evaluation draws the pass@k samples
     c = self.config
     self.progress = metrics_lib.ProgressLogger(c.total_steps, every_s=c.log.every_s,
                                                start_step=self.step)
@@ -128,13 +130,16 @@ class Pipeline:
 
   def _eval_due(self, step: int) -> bool:
     c = self.config
+    self._passk_due = True
     if self.finished:
       return True
     if self._grid:
-      compute, due = self.parts.metrics.compute_seconds(), False
+      compute, crossed = self.parts.metrics.compute_seconds(), []
       while self._grid_next < len(self._grid) and self._grid[self._grid_next] <= compute:
-        self._grid_next, due = self._grid_next + 1, True
-      return due
+        crossed.append(self._grid[self._grid_next])
+        self._grid_next += 1
+      self._passk_due = not self._passk_grid or any(x in self._passk_grid for x in crossed)
+      return bool(crossed)
     return bool(c.eval.every) and step % c.eval.every == 0
 
   def finish_step(self, result: StepResult, now: float) -> None:
@@ -163,8 +168,9 @@ class Pipeline:
   def evaluate(self) -> dict[str, float]:
     p, c = self.parts, self.config
     p.eval_sampler.load_weights(Weights(self.step, params=sharding.local_params(self.state.params)))
+    n_samples = c.eval.n_samples if self._passk_due else 0  # eval.passk_grid: pass@1 only
     return evaluation.evaluate(
-        p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=c.eval.n_samples,
+        p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=n_samples,
         ks=tuple(c.eval.ks), temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
         temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
         top_p=c.eval.top_p, seed=c.seed + 7919)
@@ -218,6 +224,7 @@ class Pipeline:
     p, c = self.parts, self.config
     self.publish()
     if self.step == 0:
+      self._passk_due = not self._passk_grid or 0.0 in self._passk_grid
       evaluate = c.eval.every or self._grid
       self.last_eval = p.metrics.first_row(self.evaluate() if evaluate else {})
       p.writer.write(0, self.last_eval)

@@ -4,13 +4,15 @@ r"""Supervised warm-start: RL needs a policy that is sometimes right.
 
 trains the config's model preset from random weights on the config's task with cross-entropy on
 the answer tokens (+ eos), with the settings of `config.sft` (steps, batch, learning_rate, seed,
-carry_drop; the `--sft_*` flags are aliases of `--config.sft.*`), then writes an HF model directory
+carry_drop, slip, slip_range: noisy demonstrations, see `NOISE_KEYS`; the `--sft_*` flags are
+aliases of `--config.sft.*`), then writes an HF model directory
 (weights, config.json, tokenizer) that the RL run starts from (`config.model.path`). The task,
 tokenizer and model come from `jaxreplay.build`, batches from `collate`, the optimizer from `optim`.
 Greedy held-out accuracy is measured by teacher forcing: greedy decoding produces exactly
 answer + eos iff every answer token is the argmax given the right prefix, so the fraction of
 problems where all answer tokens are argmax IS greedy exact-match accuracy.
-The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB).
+The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB),
+configs/scratchpad.py ships `assets/scratchpad-sft`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import functools
 import os
 import tempfile
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -46,6 +49,8 @@ _ALIASES = {
     "seed": flags.DEFINE_integer("sft_seed", None, "Alias of --config.sft.seed."),
     "carry_drop": flags.DEFINE_float("sft_carry_drop", None, "Alias of --config.sft.carry_drop."),
 }
+# The config.sft keys that make demonstrations noisy, the tasks whose `sft_examples` take them.
+NOISE_KEYS = {"carry_drop": ("arithmetic", "scratchpad"), "slip": ("scratchpad",)}
 WARMUP_STEPS = 20
 WEIGHT_DECAY = 1e-4  # optax.adamw's default, applied to every parameter
 
@@ -80,12 +85,29 @@ def greedy_exact_match(model_cfg, params, codec, pairs, seq_len: int) -> np.ndar
   return np.asarray(_greedy_hits(model_cfg, params, encode_examples(codec, pairs, seq_len)))
 
 
+def noise_kwargs(sft_config, task_name: str) -> dict:
+  """The `task.sft_examples` keyword arguments of `config.sft`'s nonzero noise settings; raises
+  ValueError when the task does not take one of them."""
+  kwargs = {}
+  for key, task_names in NOISE_KEYS.items():
+    if sft_config[key]:
+      if task_name not in task_names:
+        raise ValueError(f"sft {key} applies to task.name in {task_names} only; set "
+                         f"--config.sft.{key}=0")
+      kwargs[key] = sft_config[key]
+  if "slip" in kwargs:
+    kwargs["slip_range"] = tuple(sft_config["slip_range"])
+  return kwargs
+
+
 def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: int,
-              seq_len: int, log_every: int = 50, carry_drop: float = 0.0):
+              seq_len: int, log_every: int = 50, carry_drop: float = 0.0,
+              noise: Optional[dict] = None):
   """Returns (params, {"sft/greedy_accuracy": held-out greedy exact match, ...}).
 
   Adam with global-norm clipping at 1 (`optim.make_optimizer`), learning rate warmed up from 0 over
-  20 steps, then cosine to 10% at `steps`."""
+  20 steps, then cosine to 10% at `steps`. `carry_drop` and `noise` (more keyword arguments) go to
+  `task.sft_examples` when nonzero."""
   params = models.init_params(model_cfg, jax.random.PRNGKey(seed))
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, WARMUP_STEPS, steps, lr * 0.1)
   opt = optim.make_optimizer(schedule, weight_decay=WEIGHT_DECAY, max_grad_norm=1.0,
@@ -103,8 +125,10 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
     updates, s = opt.update(g, s, p)
     return optax.apply_updates(p, updates), s, loss
 
-  examples = (task.sft_examples(steps * batch, seed=seed, carry_drop=carry_drop) if carry_drop
-              else task.sft_examples(steps * batch, seed=seed))
+  noise = dict(noise or {})
+  if carry_drop:
+    noise["carry_drop"] = carry_drop
+  examples = task.sft_examples(steps * batch, seed=seed, **noise)
   t0 = time.time()
   for i in range(steps):
     pairs = [next(examples) for _ in range(batch)]
@@ -127,9 +151,7 @@ def main(argv):
     if flag.value is not None:
       config.sft[key] = flag.value
   s = config.sft
-  if s.carry_drop and config.task.name != "arithmetic":
-    raise ValueError("sft carry_drop applies to task.name='arithmetic' only; set "
-                     "--config.sft.carry_drop=0")
+  noise = noise_kwargs(s, config.task.name)
   config.model.path = ""  # train the preset from scratch (model.path is usually this run's output)
   config.model.tokenizer = ""
   task = build.make_task(config)
@@ -137,7 +159,7 @@ def main(argv):
     codec, tok_dir = build.load_codec(config, task, workdir)  # a character tokenizer of the task
     model_cfg = build.model_config(config, codec)
     params, stats = train_sft(model_cfg, codec, task, s.steps, s.batch, s.learning_rate, s.seed,
-                              config.model.max_len, carry_drop=s.carry_drop)
+                              config.model.max_len, noise=noise)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     models.save_hf(model_cfg, params, _OUT.value, tokenizer_dir=tok_dir)
   task.close()

@@ -136,8 +136,12 @@ def test_sync_on_policy_runs_to_a_compute_budget_with_evals_on_a_grid(tmp_path):
   run_launch(workdir, "--config.scheduler.kind=sync", "--config.scheduler.rollouts_per_step=32",
              "--config.buffer.size=32", "--config.buffer.on_policy=True",
              "--config.total_steps=50", "--config.compute_budget=30",
-             "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant")
+             "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant",
+             "--config.eval.passk_grid=(0,20)")
   rows = read_rows(workdir)
+  # pass@k samples only at the eval.passk_grid points (0 and 20) and the final evaluation.
+  passk = [r["step"] for r in rows if "eval/pass@2" in r]
+  assert passk == [0, next(r["step"] for r in rows if r["compute_seconds"] >= 20), rows[-1]["step"]]
   compute = [r["compute_seconds"] for r in rows]
   assert compute[-1] >= 30 > compute[-2] and rows[-1]["step"] < 50
   evals = [r["step"] for r in rows if "eval/pass@1" in r]
@@ -150,7 +154,8 @@ def test_sync_on_policy_runs_to_a_compute_budget_with_evals_on_a_grid(tmp_path):
   out = run_launch(workdir, "--config.scheduler.kind=sync", "--config.scheduler.rollouts_per_step=32",
                    "--config.buffer.size=32", "--config.buffer.on_policy=True",
                    "--config.total_steps=50", "--config.compute_budget=30",
-                   "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant")
+                   "--config.eval.compute_grid=(0,10,20)", "--config.trainer.schedule=constant",
+                   "--config.eval.passk_grid=(0,20)")
   assert "nothing to do" in out.stderr and len(read_rows(workdir)) == len(rows)
 
 

@@ -28,7 +28,7 @@ def hf_count(cfg) -> int:
   return sum(unique.values())
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED) + ["tiny"])
+@pytest.mark.parametrize("name", sorted(PUBLISHED) + ["tiny", "nano"])
 def test_param_count_matches_transformers(name):
   cfg = presets.PRESETS[name]()
   shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))

@@ -7,24 +7,27 @@ from jaxreplay.tasks.arithmetic import ArithmeticTask, Problem, is_heldout, prob
 from jaxreplay.tasks.math_data import (PROMPT_TEMPLATES, MathTask, load_math_dataset,
                                        split_heldout)
 from jaxreplay.tasks.rewards import SafeReward, exact_match_reward, math_verify_reward
+from jaxreplay.tasks.scratchpad import ScratchpadAdditionTask, scratchpad_reward, worked_solution
 from jaxreplay.tasks.tokenizer import (TextCodec, build_char_tokenizer,
                                        check_tokenizer_matches_model, load_tokenizer)
 
 __all__ = [
-    "ArithmeticTask", "MathTask", "Problem", "PROMPT_TEMPLATES", "SafeReward", "TextCodec",
-    "build_char_tokenizer", "check_tokenizer_matches_model", "exact_match_reward", "is_heldout",
-    "load_math_dataset", "load_tokenizer", "make_task", "math_verify_reward", "problem_id",
-    "split_heldout",
+    "ArithmeticTask", "MathTask", "Problem", "PROMPT_TEMPLATES", "SafeReward",
+    "ScratchpadAdditionTask", "TextCodec", "build_char_tokenizer", "check_tokenizer_matches_model",
+    "exact_match_reward", "is_heldout", "load_math_dataset", "load_tokenizer", "make_task",
+    "math_verify_reward", "problem_id", "scratchpad_reward", "split_heldout", "worked_solution",
 ]
 
 
 def make_task(name: str, **kwargs):
-  """"arithmetic" -> ArithmeticTask(**kwargs); "math" -> MathTask.from_files(**kwargs)
-  (needs `path`)."""
+  """"arithmetic" -> ArithmeticTask(**kwargs); "scratchpad" -> ScratchpadAdditionTask(**kwargs);
+  "math" -> MathTask.from_files(**kwargs) (needs `path`)."""
   if name == "arithmetic":
     return ArithmeticTask(**kwargs)
+  if name == "scratchpad":
+    return ScratchpadAdditionTask(**kwargs)
   if name == "math":
     if "path" not in kwargs:
       raise ValueError("make_task('math') needs path=<local .jsonl/.json/.parquet file or dir>")
     return MathTask.from_files(**kwargs)
-  raise ValueError(f"unknown task {name!r}; expected 'arithmetic' or 'math'")
+  raise ValueError(f"unknown task {name!r}; expected 'arithmetic', 'scratchpad' or 'math'")

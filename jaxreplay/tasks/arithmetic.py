@@ -65,6 +65,9 @@ class ArithmeticTask(rewards_lib.SafeScoring):
   `score_batch(completions, problems)`, `reward_metrics()`, `charset`, `close()`.
   """
 
+  # The (completion, answer) -> float reward run by `score_batch` (module-level: picklable).
+  reward_fn = staticmethod(rewards_lib.exact_match_reward)
+
   def __init__(self, num_digits: tuple[int, int] = (1, 2), ops: str = "+-", seed: int = 0,
                heldout_fraction: float = 0.1, allow_negative: bool = False,
                reward_timeout_s: float = 1.0):
@@ -82,7 +85,7 @@ class ArithmeticTask(rewards_lib.SafeScoring):
     self.seed = seed
     self.heldout_fraction = heldout_fraction
     self.allow_negative = allow_negative
-    self._safe = rewards_lib.SafeReward(rewards_lib.exact_match_reward, timeout_s=reward_timeout_s,
+    self._safe = rewards_lib.SafeReward(self.reward_fn, timeout_s=reward_timeout_s,
                                         backend="thread")
 
   @property
@@ -169,4 +172,4 @@ class ArithmeticTask(rewards_lib.SafeScoring):
 
   def reward(self, completion: str, problem: Problem) -> float:
     """1.0 when the completion's first line, stripped, is exactly the answer; else 0.0."""
-    return rewards_lib.exact_match_reward(completion, problem.answer)
+    return self.reward_fn(completion, problem.answer)

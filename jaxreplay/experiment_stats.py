@@ -1,0 +1,269 @@
+"""Statistics of a sweep: medians and IQR over seeds on a compute grid, compute to reach a target
+accuracy, per-seed paired differences with bootstrap intervals. Pure functions over plain data.
+
+A run's curve is the list of its metrics rows at evaluation points (`eval_rows`), each with
+`compute_seconds` [device-seconds] and `eval/*` values. Values are read off a curve only between
+real evaluation points (linear interpolation), never beyond the first or last one. Missing values
+are None; quantiles treat "not reached" as +inf and JSON writes non-finite numbers as null.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+X = "compute_seconds"
+PRIMARY = "eval/pass@1"
+BOOTSTRAP_RESAMPLES = 10000
+BOOTSTRAP_SEED = 0
+TARGET_FRACTIONS = (0.5, 0.75, 0.9)
+
+Row = Mapping[str, Any]
+
+
+def _num(v: Any) -> Optional[float]:
+  """A finite float, or None."""
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    return None
+  return float(v) if math.isfinite(v) else None
+
+
+def json_number(v: Optional[float]) -> Optional[float]:
+  """None for None, inf and nan (strict JSON); the float otherwise."""
+  return None if v is None or not math.isfinite(v) else float(v)
+
+
+def eval_rows(rows: Sequence[Row], key: str = PRIMARY) -> list[dict]:
+  """The rows holding `key` and `compute_seconds`, sorted by compute (a repeated compute keeps the
+  last row, as a resumed run rewrites it)."""
+  by_x: dict[float, dict] = {}
+  for r in rows:
+    x, y = _num(r.get(X)), _num(r.get(key))
+    if x is not None and y is not None:
+      by_x[x] = dict(r)
+  return [by_x[x] for x in sorted(by_x)]
+
+
+def series(curve: Sequence[Row], key: str) -> tuple[np.ndarray, np.ndarray]:
+  """float64 ([M], [M]): (compute_seconds, key) over the curve's rows holding both."""
+  pts = [(_num(r.get(X)), _num(r.get(key))) for r in curve]
+  pts = [(x, y) for x, y in pts if x is not None and y is not None]
+  return np.array([p[0] for p in pts], np.float64), np.array([p[1] for p in pts], np.float64)
+
+
+def interp(xs: np.ndarray, ys: np.ndarray, x: float) -> Optional[float]:
+  """y at `x` by linear interpolation between the points (xs ascending); None outside
+  [xs[0], xs[-1]] (no extrapolation)."""
+  if not len(xs) or x < xs[0] or x > xs[-1]:
+    return None
+  return float(np.interp(x, xs, ys))
+
+
+def compute_to_target(xs: np.ndarray, ys: np.ndarray, target: float) -> Optional[float]:
+  """The compute at which the curve first reaches `target`: for the first i with
+  ys[i-1] < target <= ys[i], the linear interpolation between points i-1 and i. None when no pair
+  of real points brackets the target (never reached, or already reached at the first point)."""
+  for i in range(1, len(xs)):
+    if ys[i - 1] < target <= ys[i]:
+      return float(xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]))
+  return None
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+  """The q-quantile (numpy's "linear" method) of finite or +inf values; an interpolation that puts
+  weight on +inf is +inf (so "not reached" counts as larger than every reached value)."""
+  v = sorted(values)
+  pos = q * (len(v) - 1)
+  lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+  frac = pos - lo
+  if frac == 0.0:
+    return float(v[lo])
+  if math.isinf(v[hi]):
+    return math.inf
+  return float(v[lo] + (v[hi] - v[lo]) * frac)
+
+
+def quantiles(values: Sequence[Optional[float]], none_is_inf: bool = False) -> dict[str, Any]:
+  """{"median", "q25", "q75", "n"} of `values`; None entries are dropped (or, with none_is_inf,
+  counted as +inf); "n" counts the finite ones; non-finite results are None."""
+  vals = [math.inf if v is None else v for v in values] if none_is_inf else [
+      v for v in values if v is not None]
+  n = sum(1 for v in vals if math.isfinite(v))
+  if not vals:
+    return {"median": None, "q25": None, "q75": None, "n": 0}
+  return {"median": json_number(quantile(vals, 0.5)), "q25": json_number(quantile(vals, 0.25)),
+          "q75": json_number(quantile(vals, 0.75)), "n": n}
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95,
+                 n_resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+                 ) -> tuple[Optional[float], Optional[float]]:
+  """Percentile bootstrap interval of the mean of `values` (resampled with replacement, a fixed
+  seed: the same values give the same interval). (None, None) for no values."""
+  v = np.asarray(values, np.float64)
+  if not v.size:
+    return None, None
+  rng = np.random.default_rng(seed)
+  means = v[rng.integers(0, v.size, size=(n_resamples, v.size))].mean(axis=1)
+  lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+  return float(lo), float(hi)
+
+
+def paired(values: Sequence[Optional[float]]) -> dict[str, Any]:
+  """Summary of per-seed paired differences (None entries dropped): n, mean, median, ci95 (bootstrap
+  of the mean), and the values themselves (in seed order, None kept)."""
+  v = [x for x in values if x is not None]
+  lo, hi = bootstrap_ci(v)
+  return {"n": len(v), "mean": float(np.mean(v)) if v else None,
+          "median": float(np.median(v)) if v else None, "ci95": [lo, hi],
+          "values": [json_number(x) if x is not None else None for x in values]}
+
+
+def grid_metrics(curves: Sequence[Sequence[Row]]) -> list[str]:
+  """The eval metrics summarised on the grid: pass@1 (T=0.1), pass@1 at T=1, every pass@k (k
+  ascending) and entropy, those present in any of the curves."""
+  keys = {k for c in curves for r in c for k in r}
+  ks = sorted((int(k.split("@")[1]), k) for k in keys
+              if k.startswith("eval/pass@") and k.split("@")[1].isdigit() and k != PRIMARY)
+  fixed = [PRIMARY] + sorted(k for k in keys if k.startswith("eval/pass@1_t"))
+  return [k for k in fixed if k in keys] + [k for _, k in ks] + (
+      ["eval/entropy"] if "eval/entropy" in keys else [])
+
+
+def passk_keys(metrics: Sequence[str]) -> list[tuple[int, str]]:
+  """[(k, key)] for pass@k at the sampling temperature: k = 1 is pass@1_t*, then pass@k, k > 1."""
+  out = [(1, k) for k in metrics if k.startswith("eval/pass@1_t")][:1]
+  return out + [(int(k.split("@")[1]), k) for k in metrics
+                if k.startswith("eval/pass@") and k.split("@")[1].isdigit() and k != PRIMARY]
+
+
+def auto_targets(first: Sequence[float], baseline_peaks: Sequence[float],
+                 fractions: Sequence[float] = TARGET_FRACTIONS) -> list[float]:
+  """Targets between the median start accuracy and the baseline arm's median peak, at `fractions`
+  of the way (rounded to 3 decimals); none when the baseline does not improve by 0.01."""
+  if not first or not baseline_peaks:
+    return []
+  start, top = float(np.median(first)), float(np.median(baseline_peaks))
+  if top < start + 0.01:
+    return []
+  return sorted({round(start + f * (top - start), 3) for f in fractions})
+
+
+def run_points(curve: Sequence[Row], grid: Sequence[float], metrics: Sequence[str],
+               targets: Sequence[float]) -> dict[str, Any]:
+  """One run's numbers: each metric on the grid, final (last eval point) and peak values, the
+  compute of the peak, and compute to each target of the primary metric."""
+  out: dict[str, Any] = {"grid": {}, "final": {}, "peak": {}}
+  xs_primary = series(curve, PRIMARY)[0]
+  # The evaluation a grid point triggered: the first one at or past it.
+  at_grid = [xs_primary[np.searchsorted(xs_primary, g)] if g <= xs_primary[-1] else None
+             for g in grid] if len(xs_primary) else [None] * len(grid)
+  for m in metrics:
+    xs, ys = series(curve, m)
+    measured = set(xs.tolist())
+    # A metric drawn at only some evaluations (eval.passk_grid) is read off the grid only where
+    # the evaluation of that grid point drew it, never interpolated across skipped points.
+    out["grid"][m] = [interp(xs, ys, g) if x is not None and x in measured else None
+                      for g, x in zip(grid, at_grid)]
+    out["final"][m] = float(ys[-1]) if len(ys) else None
+    out["peak"][m] = float(ys.max()) if len(ys) else None
+  xs, ys = series(curve, PRIMARY)
+  out["peak_compute"] = float(xs[int(np.argmax(ys))]) if len(ys) else None
+  out["final_compute"] = float(xs[-1]) if len(xs) else None
+  out["to_target"] = {f"{t:.3f}": compute_to_target(xs, ys, t) for t in targets}
+  return out
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+  return a / b if a is not None and b is not None and b > 0 else None
+
+
+def _diff(a: Optional[float], b: Optional[float]) -> Optional[float]:
+  return a - b if a is not None and b is not None else None
+
+
+def arm_summary(points: Mapping[int, Mapping[str, Any]], run_stats: Mapping[int, Mapping[str, Any]],
+                metrics: Sequence[str], grid_len: int) -> dict[str, Any]:
+  """Median and IQR over seeds of an arm's `run_points` (by seed) and of its per-run statistics."""
+  seeds = sorted(points)
+  s: dict[str, Any] = {"seeds": seeds, "grid": {}, "final": {}, "peak": {}}
+  for m in metrics:
+    cols = [quantiles([points[k]["grid"][m][i] for k in seeds]) for i in range(grid_len)]
+    s["grid"][m] = {q: [c[q] for c in cols] for q in ("median", "q25", "q75", "n")}
+    s["final"][m] = quantiles([points[k]["final"][m] for k in seeds])
+    s["peak"][m] = quantiles([points[k]["peak"][m] for k in seeds])
+  s["peak_compute"] = quantiles([points[k]["peak_compute"] for k in seeds])
+  s["final_compute"] = quantiles([points[k]["final_compute"] for k in seeds])
+  pk = passk_keys(metrics)
+  cols = [s["final"][key] for _, key in pk]
+  s["passk_final"] = {"k": [k for k, _ in pk], **{q: [c[q] for c in cols]
+                                                 for q in ("median", "q25", "q75")}}
+  targets = sorted({t for k in seeds for t in points[k]["to_target"]})
+  s["compute_to_target"] = {}
+  for t in targets:
+    vals = [points[k]["to_target"].get(t) for k in seeds]
+    s["compute_to_target"][t] = {**quantiles(vals, none_is_inf=True), "values": vals}
+  keys = sorted({k for st in run_stats.values() for k in st})
+  s["run_stats"] = {k: quantiles([_num(run_stats[sd].get(k)) for sd in seeds]) for k in keys}
+  return s
+
+
+def paired_summary(arm: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapping[str, Any]],
+                   metrics: Sequence[str], grid_len: int) -> dict[str, Any]:
+  """Per-seed differences arm - baseline (seeds both have) on the grid, of final and peak values
+  and of compute to target (difference and ratio arm / baseline), each with a bootstrap 95%
+  interval of the mean."""
+  seeds = sorted(set(arm) & set(base))
+  out: dict[str, Any] = {"seeds": seeds, "grid": {}, "final": {}, "peak": {},
+                         "compute_to_target": {}}
+  for m in metrics:
+    cols = [paired([_diff(arm[k]["grid"][m][i], base[k]["grid"][m][i]) for k in seeds])
+            for i in range(grid_len)]
+    out["grid"][m] = {"mean": [c["mean"] for c in cols], "ci95_lo": [c["ci95"][0] for c in cols],
+                      "ci95_hi": [c["ci95"][1] for c in cols], "n": [c["n"] for c in cols]}
+    out["final"][m] = paired([_diff(arm[k]["final"][m], base[k]["final"][m]) for k in seeds])
+    out["peak"][m] = paired([_diff(arm[k]["peak"][m], base[k]["peak"][m]) for k in seeds])
+  targets = sorted({t for k in seeds for t in arm[k]["to_target"]})
+  for t in targets:
+    a = [arm[k]["to_target"].get(t) for k in seeds]
+    b = [base[k]["to_target"].get(t) for k in seeds]
+    out["compute_to_target"][t] = {
+        "difference": paired([_diff(x, y) for x, y in zip(a, b)]),
+        "ratio": paired([_ratio(x, y) for x, y in zip(a, b)])}
+  return out
+
+
+def sweep_summary(curves: Mapping[str, Mapping[int, Sequence[Row]]],
+                  run_stats: Mapping[str, Mapping[int, Mapping[str, Any]]],
+                  grid: Sequence[float], baseline_of: Mapping[str, Optional[str]],
+                  baseline: str, targets: Optional[Sequence[float]] = None) -> dict[str, Any]:
+  """Everything results.json says about one sweep.
+
+  Args:
+    curves: {arm: {seed: eval rows}} of the finished runs.
+    run_stats: {arm: {seed: {name: number}}}: per-run statistics (replay ratio, gamma, ...).
+    grid: the compute grid [device-seconds].
+    baseline_of: {arm: the arm it is paired with, or None}.
+    baseline: the sweep's baseline arm (its peak sets the automatic targets).
+    targets: accuracy targets of the primary metric; None: `auto_targets`.
+  Returns {"grid", "metrics", "targets", "arms": {arm: arm_summary + "vs_baseline"}}.
+  """
+  metrics = grid_metrics([c for by_seed in curves.values() for c in by_seed.values()])
+  if targets is None:
+    firsts = [float(series(c, PRIMARY)[1][0]) for by_seed in curves.values()
+              for c in by_seed.values() if len(series(c, PRIMARY)[1])]
+    peaks = [float(series(c, PRIMARY)[1].max()) for c in curves.get(baseline, {}).values()
+             if len(series(c, PRIMARY)[1])]
+    targets = auto_targets(firsts, peaks)
+  points = {a: {sd: run_points(c, grid, metrics, targets) for sd, c in by_seed.items()}
+            for a, by_seed in curves.items()}
+  arms = {}
+  for a in curves:
+    arms[a] = arm_summary(points[a], run_stats.get(a, {}), metrics, len(grid))
+    b = baseline_of.get(a)
+    if b is not None and b in points:
+      arms[a]["vs_baseline"] = {"baseline": b,
+                                **paired_summary(points[a], points[b], metrics, len(grid))}
+  return {"grid": [float(g) for g in grid], "metrics": metrics,
+          "targets": [float(t) for t in targets], "arms": arms}
