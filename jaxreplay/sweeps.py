@@ -74,7 +74,7 @@ class Sweep:
   baseline: str
   min_seeds: int = 3
   config: str = DEFAULT_CONFIG
-  budget_updates: float = 500.0
+  budget_updates: float = 400.0
   grid_points: int = 7
   figure: str = ""
   figure_x: str = ""
@@ -287,12 +287,13 @@ def compute_grid(budget: float, points: int, first: float = 1 / 64) -> tuple[flo
   return (0.0,) + tuple(float(f"{budget * r:.4g}") for r in ratios) + (float(budget),)
 
 
-PASSK_POINTS = 2
+PASSK_POINTS = 1
 
 
 def passk_grid(grid: Sequence[float], last: int = PASSK_POINTS) -> tuple[float, ...]:
-  """The grid points whose evaluation also draws the 32 pass@k samples at T=1 (32x the pass@1
-  cost): the start and the `last` points up to the budget (pass@1 is measured at every point)."""
+  """The grid points whose evaluation also draws the 32 pass@k samples at T=1 (8x the cost of
+  the 4 pass@1 samples): the start and the `last` points up to the budget (pass@1 is measured at
+  every point)."""
   grid = tuple(grid)
   return tuple(sorted(set(grid[:1] + grid[-last:])))
 

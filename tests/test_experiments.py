@@ -107,7 +107,7 @@ def test_sweep_summary_by_hand():
 def test_compute_grid_and_values():
   assert sweeps.compute_grid(640.0, 4) == (0.0, 10.0, 40.0, 160.0, 640.0)
   assert sweeps.compute_grid(100.0, 1) == (0.0, 100.0)
-  assert sweeps.passk_grid((0.0, 10.0, 40.0, 160.0, 640.0)) == (0.0, 160.0, 640.0)
+  assert sweeps.passk_grid((0.0, 10.0, 40.0, 160.0, 640.0)) == (0.0, 640.0)
   assert sweeps.format_value((1, 2)) == "(1,2)"
   assert sweeps.format_value((0.5,)) == "(0.5,)"
   assert sweeps.format_value(True) == "True" and sweeps.format_value(1e-4) == "0.0001"
@@ -296,3 +296,29 @@ def test_sparse_metric_is_not_interpolated_across_skipped_evaluations():
   assert p["grid"]["eval/pass@2"][1] is None                       # not drawn at that point
   assert p["grid"]["eval/pass@2"][2] == pytest.approx(0.3 + 0.4 * 20 / 21)
   assert p["final"]["eval/pass@2"] == 0.7
+
+
+def test_theorem45_vs_sweep_on_fake_sync_grid(tmp_path):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "theorem45_vs_sweep", os.path.join(experiments.REPO, "bench", "theorem45_vs_sweep.py"))
+  t45 = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(t45)
+  out = str(tmp_path / "exp")
+  assert experiments.main(["--sweep=sync_grid", "--seeds=1", f"--out={out}", "--quick"],
+                          runner=FakeLauncher()) == 0
+  results = json.load(open(os.path.join(out, "results.json")))
+  cells = t45.grid_cells(results)
+  assert sorted((c["N/R"], c["B/R"]) for c in cells) == [
+      (1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4)]
+  assert all(c["final"] is not None and c["mean_over_grid"] is not None for c in cells)
+  b = t45.best(cells, "final")
+  assert b["final"] == max(c["final"] for c in cells)
+  probe = {"fit": {"alpha": 0.2}, "design": [
+      {"rho": 1.0, "mu": 6.84, "power_law": {"x_star": 3.0, "y_star": 2.0},
+       "measured_max": {"x_star": 4.0, "y_star": 2.1}, "measured_mean": "n/a"}]}
+  preds = t45.predictions(probe)
+  assert [(p["method"], p["x_star"]) for p in preds] == [("power_law", 3.0), ("measured_max", 4.0)]
+  path = str(tmp_path / "t45.png")
+  t45.plot(cells, preds, b, t45.best(cells, "mean_over_grid"), 0.2, path)
+  assert os.path.getsize(path) > 10000
