@@ -24,12 +24,12 @@ def _q(q: Optional[dict[str, Any]], digits: int = 3) -> str:
   return f"{_f(q['median'], digits)} [{_f(q.get('q25'), digits)}, {_f(q.get('q75'), digits)}]"
 
 
-def _p(p: Optional[dict[str, Any]], digits: int = 3) -> str:
-  """mean [ci95] of paired differences."""
+def _p(p: Optional[dict[str, Any]], digits: int = 3, sign: str = "+") -> str:
+  """mean [ci95] (n) of per-seed paired values: differences (signed) or ratios (sign="")."""
   if not p or p.get("mean") is None:
     return "-"
   lo, hi = p.get("ci95", (None, None))
-  return f"{p['mean']:+.{digits}f} [{_f(lo, digits)}, {_f(hi, digits)}] (n={p.get('n')})"
+  return f"{p['mean']:{sign}.{digits}f} [{_f(lo, digits)}, {_f(hi, digits)}] (n={p.get('n')})"
 
 
 def _passk_key(metrics: Sequence[str]) -> Optional[str]:
@@ -78,7 +78,7 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
       s, vs = arms[arm], arms[arm].get("vs_baseline", {})
       key = [f"{t:.3f}" for t in targets]
       row = [arm] + [_q(s["compute_to_target"].get(k), 0) for k in key] + [
-          _p(vs.get("compute_to_target", {}).get(k, {}).get("ratio"), 2) for k in key]
+          _p(vs.get("compute_to_target", {}).get(k, {}).get("ratio"), 2, sign="") for k in key]
       lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Compute to a target is read only between two real evaluation points that "
               "bracket it; a seed that never reaches it counts as infinite in the median.", ""]
