@@ -21,8 +21,9 @@ Keys of a row, by source (units in brackets):
                                  token, from measured seconds) and compute/measured_gamma
   sim/*                          the virtual clock and costs of "simulated" / "sync": sim/mu is
                                  config.scheduler.mu; sim/gamma the compute per update relative to
-                                 on-policy, (1 + W/T) / (1 + mu) ("simulated", the paper's Table 1)
-                                 or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
+                                 on-policy, (1 + W/T) / (1 + mu) ("simulated", the paper's Table 1;
+                                 1 for the on-policy queue, charged (1 + mu) C per update as in the
+                                 paper) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
                                  completion length the generation cost is calibrated at
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
@@ -124,7 +125,9 @@ class RunMetrics:
     """sim/* metrics under the simulated and sync schedules; {} under async."""
     c = self.config
     mu = c.scheduler.mu
-    if c.scheduler.kind == "simulated":
+    if c.scheduler.kind == "simulated" and c.buffer.on_policy:
+      gamma = 1.0  # the baseline: each update pays its B rollouts' generation, (1 + mu) C
+    elif c.scheduler.kind == "simulated":
       gamma = accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
     elif c.scheduler.kind == "sync":
       gamma = sync_gamma(c.buffer.batch_size, c.scheduler.rollouts_per_step, mu)

@@ -51,6 +51,11 @@ def test_simulated_row_reports_the_modelled_mu_and_gamma_and_the_measured_ones_a
   assert row["reward_mean"] == 0.5 and row["fresh_rollouts"] == 2.0 and row["reward/calls"] == 2.0
 
 
+def test_simulated_on_policy_queue_pays_the_full_update():
+  row = make("simulated", **{"buffer.on_policy": True}).row(4, 4, {})
+  assert row["compute/gamma"] == row["sim/gamma"] == 1.0  # (1 + mu) C per update, whatever W/T
+
+
 def test_sync_gamma_is_the_cost_per_update_over_on_policy():
   m = make("sync", **{"buffer.batch_size": 60, "scheduler.rollouts_per_step": 20})
   row = m.row(1, 1, {})
