@@ -155,6 +155,20 @@ def make_task(c):
   return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
 
 
+
+def optimization(c):
+  """(optax optimizer, learning-rate schedule, loss function) of `config.trainer`: what the
+  trainer and the gradient-noise probe (`noise_probe`) both build."""
+  t = c.trainer
+  optimizer = optim.make_optimizer(
+      t.learning_rate, warmup_steps=t.warmup_steps, total_steps=c.total_steps,
+      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
+      max_grad_norm=t.max_grad_norm)
+  lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
+  loss_fn = trainer.make_loss_fn(t.loss, aggregation=t.aggregation, eps_low=t.eps_low,
+                                 eps_high=t.eps_high, kl_coef=t.kl_coef, tis_cap=t.tis_cap)
+  return optimizer, lr_fn, loss_fn
+
 def load_codec(c, task, workdir: str):
   """(TextCodec, tokenizer dir): model.tokenizer, else model.path, else a character tokenizer of
   a procedural task's charset written to workdir/tokenizer."""
@@ -249,16 +263,10 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   if c.model.path:
     _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype, shardings=param_sh)
   t = c.trainer
-  optimizer = optim.make_optimizer(
-      t.learning_rate, warmup_steps=t.warmup_steps, total_steps=c.total_steps,
-      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
-      max_grad_norm=t.max_grad_norm)
-  lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
+  optimizer, lr_fn, loss_fn = optimization(c)
   state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
                                    mesh=mesh, with_ref_params=t.kl_coef != 0.0)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
-  loss_fn = trainer.make_loss_fn(t.loss, aggregation=t.aggregation, eps_low=t.eps_low,
-                                 eps_high=t.eps_high, kl_coef=t.kl_coef, tis_cap=t.tis_cap)
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn)

@@ -151,16 +151,10 @@ def build_parts(c, workdir: str) -> Parts:
   if c.model.path:
     _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype)
   t = c.trainer
-  optimizer = optim.make_optimizer(
-      t.learning_rate, warmup_steps=t.warmup_steps, total_steps=c.total_steps,
-      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
-      max_grad_norm=t.max_grad_norm)
-  lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
+  optimizer, lr_fn, loss_fn = build_lib.optimization(c)
   state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
                                    mesh=mesh, with_ref_params=t.kl_coef != 0.0)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
-  loss_fn = trainer.make_loss_fn(t.loss, aggregation=t.aggregation, eps_low=t.eps_low,
-                                 eps_high=t.eps_high, kl_coef=t.kl_coef, tis_cap=t.tis_cap)
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn)
