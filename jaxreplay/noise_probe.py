@@ -65,7 +65,6 @@ from jaxreplay import collate as collate_lib
 from jaxreplay import experience
 from jaxreplay import models
 from jaxreplay import noise_stats
-from jaxreplay import optim
 from jaxreplay import sharding
 from jaxreplay import trainer
 from jaxreplay.models import logprobs as logprobs_lib
