@@ -212,7 +212,8 @@ def subprocess_runner(out: str) -> Runner:
 def execute(specs: Sequence[RunSpec], out: str, runner: Runner,
             parallel: int = 1, log: Callable[[str], None] = print,
             on_finish: Optional[Callable[[], None]] = None) -> list[str]:
-  """Runs every spec not finished yet (`parallel` at a time); returns the failed run dirs.
+  """Runs every spec not finished yet (`parallel` at a time, seed-major); returns the failed
+  run dirs.
 
   Specs of one identity run once: the member already done (or started) runs, the others get a
   done.json with `alias_of` when it succeeds. `on_finish()` is called (under a lock) after each
@@ -235,7 +236,9 @@ def execute(specs: Sequence[RunSpec], out: str, runner: Runner,
   for members in groups.values():
     canonical = min(members, key=rank)  # min is stable: the first of equal rank
     todo.append((canonical, [m for m in members if m is not canonical]))
-  pending = [(c, al) for c, al in todo if rank(c) != 0]
+  # Seed-major: every arm's first seed runs before any arm's second, so a sweep stopped early
+  # (a session's end) still compares every arm.
+  pending = sorted(((c, al) for c, al in todo if rank(c) != 0), key=lambda item: item[0].seed)
   aliases_of = {c.identity: al for c, al in todo}
 
   def _write_alias(a: RunSpec, canonical: RunSpec) -> None:

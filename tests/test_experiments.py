@@ -249,6 +249,15 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
     assert experiments.main(argv, runner=fake) == 2
 
 
+def test_runs_start_seed_major(tmp_path):
+  fake = FakeLauncher()
+  argv = ["--sweep=positive_bias", "--seeds=2", f"--out={tmp_path}", "--quick", "--parallel=1"]
+  assert experiments.main(argv, runner=fake) == 0
+  assert [c.rsplit("/", 1)[1] for c in fake.calls] == ["seed0"] * 3 + ["seed1"] * 3
+  assert fake.calls[:3] == ["runs/positive_bias/replay/seed0", "runs/positive_bias/delta0.2/seed0",
+                            "runs/positive_bias/delta0.5/seed0"]
+
+
 def test_sweep_figures_from_fake_runs(tmp_path):
   out = str(tmp_path / "exp")
   assert experiments.main(["--sweep=lr_sweep,n_sweep", "--seeds=1", f"--out={out}", "--quick"],
