@@ -106,7 +106,15 @@ class Rollout:
       raise ValueError(f"Rollout.logprobs must be floats, got dtype {lp.dtype}")
     self.logprobs = lp.astype(np.float32, copy=False)
     if not np.all(np.isfinite(self.logprobs)):
-      raise ValueError("Rollout.logprobs has non-finite values (NaN/inf): check the sampler")
+      bad = np.flatnonzero(~np.isfinite(self.logprobs))
+      raise ValueError(
+          f"Rollout.logprobs has {bad.size} non-finite values (NaN/inf) of {self.logprobs.size}, "
+          f"first at completion token {int(bad[0])} (token id "
+          f"{int(self.completion_tokens[bad[0]])}, value {self.logprobs[bad[0]]}); the rollout "
+          f"came from policy version {self.policy_version}, group {self.group_id}. The sampler "
+          "computed them from the weights it was given: if that version's parameters are NaN the "
+          "training diverged before it (see nonfinite_skipped and param_norm in metrics.jsonl), "
+          "otherwise the sampler overflowed (try float32 or a lower temperature)")
     for name in ("reward", "advantage"):
       v = float(getattr(self, name))
       if not math.isfinite(v):

@@ -109,6 +109,9 @@ def validate_config(c) -> None:
     errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
                   f"trainer.warmup_steps={c.trainer.warmup_steps}; lower warmup_steps or use "
                   "trainer.schedule='constant'")
+  if c.trainer.max_nonfinite_skips < 1:
+    errors.append(f"trainer.max_nonfinite_skips={c.trainer.max_nonfinite_skips} must be >= 1 "
+                  "(consecutive non-finite updates skipped before the run stops)")
   if c.rollout.refresh_every < 1:
     errors.append(f"rollout.refresh_every={c.rollout.refresh_every} must be >= 1")
   if c.model.path and not os.path.isdir(c.model.path):

@@ -12,7 +12,8 @@ Protocol (two inherited pipes, `multiprocessing.connection` framing): the parent
 ("ready", None) or ("error", packed). Each request is (method_name, args); the answer is
 ("ok", value) or ("error", packed), where packed is (the pickled exception or None, the child's
 formatted traceback). `None` asks the child to call the object's `close()` (if any) and exit. The
-child also exits when the parent's end of the pipe closes (the parent is gone).
+child also exits when the parent's end of the pipe closes, and, even in the middle of a call,
+within half a second of its parent's death (a watchdog thread: no orphans after a kill -9).
 """
 from __future__ import annotations
 
@@ -84,9 +85,25 @@ def _resolve(factory: str):
   return obj
 
 
+def _exit_when_orphaned(parent_pid: int, poll_s: float = 0.5) -> threading.Thread:
+  """A daemon thread that ends this process (os._exit) within `poll_s` of its parent's death.
+
+  Pipe EOF only wakes a child waiting for a request; one busy in a long call (a vLLM generate)
+  would otherwise live on after a kill -9 of its parent, holding memory and devices.
+  """
+  def watch():
+    while os.getppid() == parent_pid:
+      time.sleep(poll_s)
+    os._exit(0)  # pylint: disable=protected-access
+  thread = threading.Thread(target=watch, name="orphan-watchdog", daemon=True)
+  thread.start()
+  return thread
+
+
 def _serve(read_fd: int, write_fd: int) -> None:
   """The child's main: build the object, then answer requests until told to close or orphaned."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+  _exit_when_orphaned(os.getppid())
   inp = mp_connection.Connection(read_fd, writable=False)
   out = mp_connection.Connection(write_fd, readable=False)
   try:

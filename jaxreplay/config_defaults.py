@@ -77,6 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.b2 = 0.999
   c.trainer.max_grad_norm = 1.0
   c.trainer.num_microbatches = 1
+  c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
+                                     # nonfinite_skipped); this many in a row stop the run
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 

@@ -116,9 +116,21 @@ class PromptSource:
         if self._pending.pop(int(i), "gone") is None:
           self._requeue.append(int(i))
 
+  def restore_in_flight(self, indices: Sequence[int]) -> None:
+    """A resumed run re-creates requests that were in flight at its checkpoint (their completions
+    were saved): these indices are pending again, not handed out a second time."""
+    with self._lock:
+      for i in indices:
+        i = int(i)
+        if i in self._requeue:
+          self._requeue.remove(i)
+        self._pending[i] = None
+
   def state_dict(self) -> dict[str, Any]:
     with self._lock:
-      return {"cursor": self._cursor, "pending": list(self._requeue) + list(self._pending)}
+      # Sorted: the same set of pending prompts saves the same way, however it was reached (an
+      # uninterrupted run, or one whose in-flight requests were restored from a checkpoint).
+      return {"cursor": self._cursor, "pending": sorted({*self._requeue, *self._pending})}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     with self._lock:
@@ -192,6 +204,16 @@ class Intake:
       with self._lock:
         self._in_flight -= self.request_rollouts
 
+  def restore_request(self, indices: Sequence[int]) -> PromptBatch:
+    """The request of prompt `indices` that was in flight when the run was checkpointed, rebuilt
+    on resume (it counts as in flight again; `deliver` completes it as usual)."""
+    items = [(int(i), self.prompts.problem(int(i))) for i in indices]
+    self.prompts.restore_in_flight([i for i, _ in items])
+    with self._lock:
+      self._in_flight += self.request_rollouts
+    tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
+    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+
   def dropped(self, batch: PromptBatch, error: BaseException) -> None:
     """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
     logging.warning("rollout request dropped (%s); re-queueing its %d prompts", error,
@@ -207,10 +229,18 @@ class Intake:
     return np.concatenate(fresh) if fresh else np.zeros(0, np.float32)
 
   def state_dict(self) -> dict[str, Any]:
-    """{"next_group_id", "prompts"}: merged into the checkpoint's host state."""
-    return {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict()}
+    """{"next_group_id", "prompts", "fresh_rewards"}: merged into the checkpoint's host state
+    (fresh rewards: those not yet reported in a metrics row)."""
+    with self._lock:
+      fresh = (np.concatenate(self._fresh_rewards) if self._fresh_rewards
+               else np.zeros(0, np.float32))
+    return {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict(),
+            "fresh_rewards": fresh}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Reads the keys of `state_dict` from a checkpoint's host state (other keys are ignored)."""
     self.next_group_id = int(state["next_group_id"])
     self.prompts.load_state_dict(state["prompts"])
+    fresh = np.asarray(state.get("fresh_rewards", np.zeros(0)), np.float32)
+    with self._lock:
+      self._fresh_rewards = [fresh] if fresh.size else []

@@ -3,10 +3,17 @@ r"""Entry point: `python -m jaxreplay.launch --config=configs/tiny.py --workdir=
 Config values are overridden on the command line (`--config.buffer.size=84`); the config is locked, so a
 misspelled key is an error that names it. Re-running the same command resumes from the newest
 checkpoint in --workdir.
+
+Exit status: 0 when the run finished; 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
+when a signal stopped it after a checkpoint (rerun the command to resume); 3 for a run that cannot
+go on as configured (busy workdir, repeated non-finite updates, no restorable checkpoint, a failed
+checkpoint write), with a one-line message and no traceback; 1 for other errors.
 """
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 from absl import app
 from absl import flags
@@ -46,10 +53,25 @@ def main(argv):
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     logging.info("trainer process %d/%d: %d local, %d global devices", jax.process_index(),
                  jax.process_count(), jax.local_device_count(), jax.device_count())
+  from jaxreplay import checkpoint  # pylint: disable=g-import-not-at-top
   from jaxreplay import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxreplay import safety  # pylint: disable=g-import-not-at-top
+  stop_errors = (safety.WorkdirBusy, safety.NonFiniteUpdates,
+                 *(getattr(checkpoint, n) for n in ("NoRestorableCheckpoint", "CheckpointSaveError")
+                   if hasattr(checkpoint, n)))  # TEMP until checkpoint errors land
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   logging.info("workdir: %s", workdir)
-  summary = pipeline.run(_CONFIG.value, workdir)
+  try:
+    summary = pipeline.run(_CONFIG.value, workdir)
+  except stop_errors as e:
+    logging.error("%s: %s", type(e).__name__, e)
+    logging.flush()
+    sys.exit(3)
+  if "stopped_by" in summary:
+    logging.info("stopped by %s at step %d after saving a checkpoint; rerun the same command to "
+                 "resume", summary["stopped_by"], summary["step"])
+    logging.flush()
+    sys.exit(128 + signal.Signals[summary["stopped_by"]].value)
   logging.info("finished: %s", summary)
 
 

@@ -2,7 +2,9 @@
 
 Each JSONL line is one JSON object {"step": int, name: value, ...}. Values are converted to Python
 floats / ints (numpy and JAX scalars included); non-finite floats are written as null (strict JSON)
-but still go to TensorBoard. Resuming at step S keeps lines with step <= S and drops the rest, so a
+and left out of TensorBoard (a NaN there is a warning per value; e.g. reward_mean is NaN on steps
+without fresh rollouts, by design). TensorBoard names keep to its charset: "eval/pass@1" is
+"eval/pass_1" there (`tensorboard_name`). Resuming at step S keeps lines with step <= S and drops the rest, so a
 resumed run never duplicates steps; TensorBoard is told to purge events after S as well.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import math
 import numbers
 import os
+import re
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -47,6 +50,11 @@ def _json_safe(value: Any) -> Any:
   if isinstance(value, list):
     return [_json_safe(v) for v in value]
   return value
+
+
+def tensorboard_name(key: str) -> str:
+  """`key` in TensorBoard's charset ([A-Za-z0-9_./-]): other characters become "_"."""
+  return re.sub(r"[^A-Za-z0-9_./-]", "_", key)
 
 
 def read_metrics(workdir_or_file: str) -> list[dict]:
@@ -132,8 +140,9 @@ class MetricsWriter:
     self._file.flush()
     if self._tb is not None:
       for k, v in row.items():
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-          self._tb.add_scalar(k, v, global_step=row["step"])
+        if (k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)):
+          self._tb.add_scalar(tensorboard_name(k), v, global_step=row["step"])
     return row
 
   def flush(self) -> None:
@@ -172,7 +181,9 @@ def format_duration(seconds: float) -> str:
 class ProgressLogger:
   """Logs a line every `every_s` seconds: step/total, steps/s, ETA and a few metrics.
 
-  Rate = (step - start_step) / elapsed since construction, so a resumed run's ETA is right.
+  Rate and ETA are measured from the first update on (its time includes start-up and compilation,
+  which would make the first ETA hours long), so the first line says "ETA ?"; a resumed run's rate
+  counts only its own steps.
   """
 
   def __init__(self, total_steps: int, every_s: float = 30.0, start_step: int = 0,
@@ -184,10 +195,15 @@ class ProgressLogger:
     self._t0 = clock()
     self._last = -math.inf
     self._latest: dict[str, Any] = {}
+    self._first: Optional[tuple[float, int]] = None  # (time, step) of the first update
 
   def line(self, step: int) -> str:
-    elapsed = self._clock() - self._t0
-    rate = (step - self.start_step) / elapsed if elapsed > 0 else 0.0
+    now = self._clock()
+    elapsed = now - self._t0
+    if self._first is None:
+      self._first = (now, step)
+    t_first, step_first = self._first
+    rate = (step - step_first) / (now - t_first) if now > t_first and step > step_first else 0.0
     eta = (self.total_steps - step) / rate if rate > 0 else math.inf
     pct = 100.0 * step / self.total_steps if self.total_steps else 0.0
     parts = [f"step {step}/{self.total_steps} ({pct:.1f}%)", f"{rate:.3g} steps/s",
@@ -206,6 +222,8 @@ class ProgressLogger:
       if k in self.keys:
         self._latest[k] = to_python(v)
     now = self._clock()
+    if self._first is None:
+      self._first = (now, step)
     if not (force or step >= self.total_steps or now - self._last >= self.every_s):
       return None
     self._last = now

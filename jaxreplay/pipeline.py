@@ -32,24 +32,31 @@ from jaxreplay import collate as collate_lib
 from jaxreplay import evaluation
 from jaxreplay import metrics as metrics_lib
 from jaxreplay import models
+from jaxreplay import safety
 from jaxreplay import schedulers
 from jaxreplay import sharding
+from jaxreplay import trainer
 from jaxreplay.rollout.base import Weights
 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
   """What `train_step` hands to `publish_if_due` and `finish_step`: the step number reached and
-  its metrics (train step metrics, batch/reward_mean, time/virtual)."""
+  its metrics (train step metrics, batch/reward_mean, time/virtual), and the batch's rollouts
+  (named in the report of a non-finite update)."""
   step: int
   metrics: dict[str, float]
+  rollouts: tuple = ()
 
 
 class Pipeline:
   """One run's trainer side over its `Parts`: the schedule hooks (`schedulers.Hooks`)."""
 
-  def __init__(self, parts: build_lib.Parts):
+  def __init__(self, parts: build_lib.Parts, stop: Optional[safety.StopSignals] = None):
     self.parts, self.config = parts, parts.config
+    self.stop = stop  # a SIGTERM / SIGINT ends the run after the current step
+    self.scheduler = None  # set by `run`: its state (in-flight requests) goes into checkpoints
+    self.guard = safety.NonFiniteGuard(parts.config.trainer.max_nonfinite_skips)
     self.intake = parts.intake
     self.state = parts.state
     self.step = int(jax.device_get(self.state.step))
@@ -70,7 +77,10 @@ class Pipeline:
     return self.step
 
   def done(self) -> bool:
-    return self.finished
+    return self.finished or self.stop_requested()
+
+  def stop_requested(self) -> bool:
+    return self.stop is not None and self.stop.requested is not None
 
   def latest_weights(self) -> Weights:
     return self.weights
@@ -114,7 +124,7 @@ class Pipeline:
                               seq_len=int(batch.tokens.shape[1]))
     step_metrics["batch/reward_mean"] = float(np.mean([r.reward for r in rollouts]))
     step_metrics["time/virtual"] = float(now)
-    return StepResult(self.step, step_metrics)
+    return StepResult(self.step, step_metrics, tuple(rollouts))
 
   def _end_of_step(self) -> None:
     """Decides at the end of each step (once) whether it is the run's last one."""
@@ -151,6 +161,8 @@ class Pipeline:
       row.update(self.last_eval)
     self.parts.writer.write(step, row)
     self.progress.update(step, row, force=self.finished)
+    self.guard.update(step, bool(result.metrics.get("nonfinite_skipped", 0.0)), result.rollouts,
+                      result.metrics)
     if (c.checkpoint.every and step % c.checkpoint.every == 0) or self.finished:
       self.checkpoint()
     if c.export_hf_every and (step % c.export_hf_every == 0 or self.finished):
@@ -177,9 +189,22 @@ class Pipeline:
 
   def host_state(self) -> dict[str, Any]:
     p = self.parts
-    return {"buffer": p.buffer.state_dict(), **self.intake.state_dict(),
+    host = {"buffer": p.buffer.state_dict(), **self.intake.state_dict(),
             "accountant": p.accountant.state_dict(), "sim": dataclasses.asdict(p.sim_state),
-            "published_version": self.weights.version}
+            "published_version": self.weights.version,
+            "eval_calls": p.eval_sampler.call_count, "counters": p.metrics.counters(),
+            "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total}}
+    if hasattr(self.scheduler, "state_dict"):
+      host["scheduler"] = self.scheduler.state_dict()
+    return host
+
+  def _check_finite(self, what: str) -> None:
+    """Nothing non-finite is ever written: the train step skips such updates, this is the backstop."""
+    if not trainer.all_finite(self.state.params):
+      raise safety.NonFiniteUpdates(
+          f"step {self.step}: the parameters hold NaN/inf; the {what} is not written, so the last "
+          "checkpoint stays the newest finite one. Lower trainer.learning_rate or check the data, "
+          "then rerun the same command to resume from it")
 
   def checkpoint(self) -> None:
     """Starts an asynchronous save of this step's train and host state (the host state is encoded
@@ -188,11 +213,13 @@ class Pipeline:
     p = self.parts
     if self.step in p.checkpointer.all_steps():
       return
+    self._check_finite("checkpoint")
     p.checkpointer.save(self.step, self.state, self.host_state())
     if not self.config.export_hf_every:
       self.export_hf()
 
   def export_hf(self) -> None:
+    self._check_finite("HF export")
     params = sharding.host_local(self.state.params)  # a collective when multi-process
     if jax.process_index() == 0:
       models.save_hf(self.parts.model_cfg, params, os.path.join(self.parts.workdir, "hf"),
@@ -205,6 +232,13 @@ class Pipeline:
     p.accountant.load_state_dict(host["accountant"])
     for k, v in host["sim"].items():
       setattr(p.sim_state, k, v)
+    if "eval_calls" in host:  # checkpoints written before these keys existed resume without them
+      p.eval_sampler.call_count = int(host["eval_calls"])
+    if "counters" in host:
+      p.metrics.restore_counters(host["counters"])
+    if "nonfinite" in host:
+      self.guard.consecutive = int(host["nonfinite"]["consecutive"])
+      self.guard.total = int(host["nonfinite"]["total"])
 
   def resume(self) -> None:
     """Restores the host state of a resumed run and decides whether it has finished already."""
@@ -230,7 +264,18 @@ class Pipeline:
       p.writer.write(0, self.last_eval)
 
   def summary(self) -> dict[str, Any]:
-    return {"step": self.step, **{k: v for k, v in self.last_eval.items() if k.startswith("eval/")}}
+    out = {"step": self.step, **{k: v for k, v in self.last_eval.items() if k.startswith("eval/")}}
+    if self.stop_requested() and not self.finished:
+      out["stopped_by"] = self.stop.requested
+    return out
+
+  def stop_now(self) -> None:
+    """After a stop signal: the current step's checkpoint (unless saved already), so a rerun of the
+    same command resumes exactly here."""
+    if self.weights is None:  # stopped before the first step: nothing new to save
+      return
+    logging.info("stopping at step %d (%s): saving a checkpoint", self.step, self.stop.requested)
+    self.checkpoint()
 
 
 def make_scheduler(parts: build_lib.Parts):
@@ -252,22 +297,72 @@ def make_scheduler(parts: build_lib.Parts):
                                        c.trainer.num_devices, **common)
 
 
+def write_run_config(config, workdir: str) -> None:
+  """WORKDIR/run_config.json, written atomically (a killed write leaves the previous one)."""
+  path = os.path.join(workdir, "run_config.json")
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(config.to_dict(), f, indent=1, default=str)
+  os.replace(tmp, path)
+
+
+def check_resume_compatible(config, workdir: str) -> None:
+  """Changes between the run that wrote `workdir` and this one that would silently change the
+  training: a cosine schedule's total_steps or warmup (the learning rate would jump)."""
+  path = os.path.join(workdir, "run_config.json")
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")) or not os.path.isfile(path):
+    return
+  try:
+    with open(path) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return
+  t, old_t = config.trainer, old.get("trainer", {})
+  if t.schedule != "cosine" or old_t.get("schedule") != "cosine":
+    return
+  changed = [f"{name} {old_v} -> {new_v}" for name, old_v, new_v in (
+      ("total_steps", old.get("total_steps"), config.total_steps),
+      ("trainer.warmup_steps", old_t.get("warmup_steps"), t.warmup_steps)) if old_v != new_v]
+  if changed:
+    raise ValueError(
+        f"resuming {workdir} with a changed cosine schedule ({', '.join(changed)}): the learning "
+        "rate would jump at the resumed step. Resume with the original values, or start a new "
+        "workdir (or use trainer.schedule='constant', which has no horizon)")
+
+
 def run(config, workdir: str) -> dict[str, Any]:
-  """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics."""
+  """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics.
+
+  The run holds WORKDIR/.lock for its life (`safety.WorkdirLock`: a second run there fails at
+  once); run_config.json is written only once the run is built (the config is valid). A SIGTERM / SIGINT ends it
+  after the current step with a checkpoint (the summary then has "stopped_by"); a second one
+  exits at once.
+  """
   os.makedirs(workdir, exist_ok=True)
-  build_lib.resolve_backend(config)  # run_config.json records the backend actually used
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "run_config.json"), "w") as f:
-      json.dump(config.to_dict(), f, indent=1, default=str)
   with contextlib.ExitStack() as stack:
+    if jax.process_index() == 0:
+      stack.enter_context(safety.WorkdirLock(workdir))
+    build_lib.resolve_backend(config)  # run_config.json records the backend actually used
+    build_lib.validate_config(config)
+    check_resume_compatible(config, workdir)
+    stop = stack.enter_context(safety.StopSignals())
     parts = build_lib.build(config, workdir, stack)
-    pipeline = Pipeline(parts)
+    if jax.process_index() == 0:  # only a config that built (a rejected rerun leaves the old one)
+      write_run_config(config, workdir)
+    pipeline = Pipeline(parts, stop)
+    scheduler = make_scheduler(parts)
+    pipeline.scheduler = scheduler
+    if parts.resumed_host is not None and "scheduler" in parts.resumed_host:
+      scheduler.load_state_dict(parts.resumed_host["scheduler"])
     pipeline.resume()
     if pipeline.finished:
       logging.info("nothing to do: the run in %s finished at step %d (total_steps %d, "
                    "compute_budget %g)", workdir, pipeline.step, config.total_steps,
                    config.compute_budget)
       return pipeline.summary()
-    pipeline.start()
-    make_scheduler(parts).run(pipeline)
+    if not pipeline.stop_requested():
+      pipeline.start()
+      scheduler.run(pipeline)
+    if pipeline.stop_requested() and not pipeline.finished:
+      pipeline.stop_now()
   return pipeline.summary()

@@ -27,10 +27,14 @@ Keys of a row, by source (units in brackets):
                                  completion length the generation cost is calibrated at
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
-                                 started), time/wall_s
+                                 started), time/wall_s (since the run started, over resumes)
   mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
-  reward/*                       the reward runner's counters (calls, errors, timeouts, restarts)
-  pool/*                         the async schedule's worker-pool counters
+  reward/*                       the reward runner's counters (calls, errors, timeouts, restarts),
+                                 cumulative over resumes
+  pool/*                         the async schedule's worker-pool counters (counts cumulative over
+                                 resumes; tokens_per_second and live_threads of this process)
+  nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
+                                 gradient or parameters), else 0
   eval/*                         held-out evaluation (`jaxreplay.evaluation.evaluate`), when due
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from absl import logging
 import numpy as np
 
 from jaxreplay import accounting
@@ -58,12 +63,18 @@ class MismatchProbe:
     logprob_fn: (params, batch) -> trainer log-probs float32 [B, T] (`trainer.make_logprob_fn`).
     pad_id: the collate padding id; buckets: the collate length buckets.
     every: compare on steps that are multiples of this.
+    warn_above: a comparison whose mean exp(|diff|) exceeds this logs a WARNING: the sampler does
+      not run the trainer's weights (e.g. a weight refresh that loaded nothing, or a layout bug),
+      which a refresh's own log would not show.
   """
 
-  def __init__(self, logprob_fn: Callable, pad_id: int, buckets: Sequence[int], every: int):
+  def __init__(self, logprob_fn: Callable, pad_id: int, buckets: Sequence[int], every: int,
+               warn_above: float = 1.5):
     self.logprob_fn, self.pad_id, self.buckets = logprob_fn, pad_id, tuple(buckets)
     self.every = max(int(every), 1)
+    self.warn_above = float(warn_above)
     self.latest: dict[str, float] = {}
+    self.warnings = 0
 
   def due(self, step: int) -> bool:
     return step % self.every == 0
@@ -86,6 +97,14 @@ class MismatchProbe:
                    "mismatch/exp_abs_diff": float(np.exp(diff).mean()),
                    "mismatch/logprob_abs_diff_max": float(diff.max()),
                    "mismatch/tokens": float(mask.sum())}
+    if self.latest["mismatch/exp_abs_diff"] > self.warn_above:
+      self.warnings += 1
+      logging.warning(
+          "the sampler's log-probs differ from the trainer's at the same policy version: mean "
+          "exp(|diff|) %.3f > %.2f over %d tokens (max |diff| %.3g). The workers are likely not "
+          "running the published weights (a failed weight refresh, or a parameter layout bug)",
+          self.latest["mismatch/exp_abs_diff"], self.warn_above, int(mask.sum()),
+          self.latest["mismatch/logprob_abs_diff_max"])
 
 
 def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
@@ -120,6 +139,37 @@ class RunMetrics:
     self.pool_metrics: Callable[[], dict[str, float]] = dict
     self.timing = {"sample_s": 0.0, "collate_s": 0.0, "step_s": 0.0, "publish_s": 0.0}
     self._t_start = time.monotonic()
+    self._wall_offset = 0.0  # wall seconds of the runs before a resume
+    self._offsets: dict[str, float] = {}  # reward/* and pool/* counts before a resume
+
+  # Cumulative counters that continue across a resume (rates and gauges do not).
+  CUMULATIVE_POOL = ("pool/requests", "pool/completions", "pool/tokens", "pool/restarts",
+                     "pool/failed_starts", "pool/dropped", "pool/refreshes")
+
+  def _cumulative(self) -> dict[str, float]:
+    now = {k: float(v) for k, v in self.task.reward_metrics().items()}
+    pool = self.pool_metrics()
+    now.update({k: float(pool[k]) for k in self.CUMULATIVE_POOL if k in pool})
+    for k, v in self._offsets.items():
+      now[k] = now.get(k, 0.0) + v
+    return now
+
+  def wall_seconds(self) -> float:
+    """Wall seconds of the run, over all its resumes."""
+    return self._wall_offset + time.monotonic() - self._t_start
+
+  def counters(self) -> dict[str, Any]:
+    """What must continue across a resume (saved with checkpoints): wall seconds, the reward/*
+    and pool/* counts, the latest log-prob comparison."""
+    return {"wall_s": self.wall_seconds(), "cumulative": self._cumulative(),
+            "mismatch": dict(self.mismatch.latest)}
+
+  def restore_counters(self, counters: Mapping[str, Any]) -> None:
+    """A resumed run continues the counters of `counters()` (its own start from zero)."""
+    self._wall_offset = float(counters["wall_s"])
+    self._t_start = time.monotonic()
+    self._offsets = {k: float(v) for k, v in counters["cumulative"].items()}
+    self.mismatch.latest = {k: float(v) for k, v in counters["mismatch"].items()}
 
   def sim(self) -> dict[str, float]:
     """sim/* metrics under the simulated and sync schedules; {} under async."""
@@ -169,8 +219,8 @@ class RunMetrics:
       row["compute/mu"] = row["compute/measured_mu"]
       row["compute/gamma"] = row["compute/measured_gamma"]
     row.update({f"time/{k}": v for k, v in self.timing.items()})
-    row["time/wall_s"] = time.monotonic() - self._t_start
+    row["time/wall_s"] = self.wall_seconds()
     row.update(self.mismatch.latest)
-    row.update({k: float(v) for k, v in self.task.reward_metrics().items()})
     row.update(self.pool_metrics())
+    row.update(self._cumulative())
     return row

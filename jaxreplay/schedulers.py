@@ -38,8 +38,9 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from absl import logging
+import numpy as np
 
-from jaxreplay.rollout.base import Group, RolloutWorker, Weights
+from jaxreplay.rollout.base import Completion, Group, RolloutWorker, Weights
 from jaxreplay.rollout.pool import Delivery, WorkerPool
 
 MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
@@ -111,11 +112,33 @@ class GenerationCost:
     return self.seconds_per_rollout * (f * n + (1.0 - f) * tokens / self.state.reference_tokens)
 
 
-class LocalWorker:
-  """The one in-process worker that generates for every virtual worker, at the newest weights."""
+def encode_group(group: Group) -> dict[str, Any]:
+  """A `Group` as checkpoint host state (numpy arrays, ints, strings)."""
+  return {"prompt_tokens": np.asarray(group.prompt_tokens),
+          "tokens": [np.asarray(c.tokens) for c in group.completions],
+          "logprobs": [np.asarray(c.logprobs) for c in group.completions],
+          "finish_reasons": [str(c.finish_reason) for c in group.completions],
+          "policy_version": int(group.policy_version), "prompt_index": int(group.prompt_index)}
 
-  def __init__(self, make_worker: MakeWorker):
+
+def decode_group(state: dict[str, Any]) -> Group:
+  """Inverse of `encode_group`."""
+  completions = [Completion(np.asarray(t), np.asarray(lp), str(f)) for t, lp, f in
+                 zip(state["tokens"], state["logprobs"], state["finish_reasons"])]
+  return Group(np.asarray(state["prompt_tokens"]), completions, int(state["policy_version"]),
+               int(state["prompt_index"]))
+
+
+class LocalWorker:
+  """The one in-process worker that generates for every virtual worker, at the newest weights.
+
+  A worker that counts its calls (`call_count`, the JAX sampler's noise stream) starts at
+  `state.requests`, so a resumed run draws the noise the uninterrupted run would have drawn.
+  """
+
+  def __init__(self, make_worker: MakeWorker, state: Optional["SimState"] = None):
     self.make_worker = make_worker
+    self.state = state
     self._worker: Optional[RolloutWorker] = None
 
   def generate(self, hooks: Hooks, batch) -> list[Group]:
@@ -123,6 +146,8 @@ class LocalWorker:
     weights = hooks.latest_weights()
     if self._worker is None:
       self._worker = self.make_worker(0, weights)
+      if self.state is not None and hasattr(self._worker, "call_count"):
+        self._worker.call_count = self.state.requests
       logging.info("started the rollout worker")
     elif self._worker.policy_version != weights.version:
       self._worker.load_weights(weights)
@@ -155,28 +180,74 @@ class SimulatedScheduler:
       raise ValueError(f"need W >= 1 and T >= 1, got W={num_workers}, T={num_trainer_devices}")
     if train_device_seconds <= 0:
       raise ValueError("simulated costs must be > 0: set config.scheduler.train_seconds_per_step")
-    self.worker = LocalWorker(make_worker)
+    self.worker = LocalWorker(make_worker, state)
     self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
     self.cost = cost
     self.step_seconds = train_device_seconds / num_trainer_devices
     self.train_device_seconds = train_device_seconds
     self.state = state
+    # Requests in flight: per virtual worker, when it ends and (request, groups) or None.
+    self._done_at: list[Optional[float]] = [None] * num_workers
+    self._request: list[Any] = [None] * num_workers
+    self._restored: Optional[list[Any]] = None
+
+  # -- the in-flight requests, saved with checkpoints (exact resume) --
+  def state_dict(self) -> dict[str, Any]:
+    """The requests in flight (their completions were generated when they started): per worker
+    None or {"done_at", "indices", "groups"}. Saved in the checkpoint's host state, so a resumed
+    run delivers them at their virtual times instead of generating (and counting) them again."""
+    workers = []
+    for done_at, request in zip(self._done_at, self._request):
+      if done_at is None:
+        workers.append(None)
+        continue
+      batch, groups = request
+      workers.append({"done_at": float(done_at), "indices": [int(i) for i, _ in batch.meta],
+                      "groups": [encode_group(g) for g in groups]})
+    return {"workers": workers}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores `state_dict()`; the requests are rebuilt through the intake when `run` starts."""
+    workers = list(state["workers"])
+    if len(workers) != self.num_workers:
+      raise ValueError(f"the checkpoint holds {len(workers)} simulated workers' requests; this run "
+                       f"has rollout.num_workers={self.num_workers}: resume with the same W")
+    self._restored = workers
 
   def run(self, hooks: Hooks) -> None:
-    """Runs events until `hooks.done()`. Requests in flight at the end are dropped (their
-    generation cost was counted when they started)."""
+    """Runs events until `hooks.done()`. Requests in flight at the end stay in `state_dict()`
+    (their generation cost was counted when they started)."""
     try:
       self._run(hooks)
     finally:
       self.worker.close()
 
+  def _restore(self, hooks: Hooks) -> None:
+    for i, w in enumerate(self._restored or ()):
+      if w is not None:
+        batch = hooks.intake.restore_request(w["indices"])
+        self._request[i] = (batch, [decode_group(g) for g in w["groups"]])
+        self._done_at[i] = float(w["done_at"])
+    self._restored = None
+
+  def _deliver_due(self, hooks: Hooks) -> None:
+    """Workers by index: requests ending by now go into the buffer."""
+    for i in range(self.num_workers):
+      if self._done_at[i] is not None and self._done_at[i] <= self.state.clock:
+        self._done_at[i] = None
+        (batch, groups), self._request[i] = self._request[i], None
+        hooks.intake.deliver(batch, groups)
+
   def _run(self, hooks: Hooks) -> None:
     st = self.state
-    worker_done_at: list[Optional[float]] = [None] * self.num_workers
-    worker_request: list[Any] = [None] * self.num_workers
+    worker_done_at, worker_request = self._done_at, self._request
     trainer_done_at: Optional[float] = None
     step_handle = None
+    self._restore(hooks)
+    self._deliver_due(hooks)  # a checkpoint is taken at a step's end, before that time's deliveries
     while True:
+      if trainer_done_at is None and hooks.done():
+        return  # a stop was requested between steps (a finished run returns after its last step)
       # 1. Start work: idle workers by index, then the trainer.
       for i in range(self.num_workers):
         batch = hooks.intake.next_request() if worker_done_at[i] is None else None
@@ -208,11 +279,7 @@ class SimulatedScheduler:
         hooks.finish_step(step_handle, st.clock)
         if hooks.done():
           return
-      for i in range(self.num_workers):
-        if worker_done_at[i] is not None and worker_done_at[i] <= st.clock:
-          worker_done_at[i] = None
-          (batch, groups), worker_request[i] = worker_request[i], None
-          hooks.intake.deliver(batch, groups)
+      self._deliver_due(hooks)
 
 
 class SyncScheduler:
@@ -236,7 +303,7 @@ class SyncScheduler:
                state: SimState):
     if rollouts_per_step < 1:
       raise ValueError(f"rollouts_per_step={rollouts_per_step} must be >= 1")
-    self.worker = LocalWorker(make_worker)
+    self.worker = LocalWorker(make_worker, state)
     self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
     self.rollouts_per_step = int(rollouts_per_step)
     self.cost, self.train_device_seconds, self.state = cost, train_device_seconds, state

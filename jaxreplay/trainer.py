@@ -252,7 +252,8 @@ def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Arra
 def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
                     loss_fn: LossFn, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
                     chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
-                    compute_entropy: bool = True, donate: bool = True):
+                    compute_entropy: bool = True, donate: bool = True,
+                    skip_nonfinite: bool = True):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
   loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
@@ -262,6 +263,10 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
   learning_rate_fn: the optimizer's schedule (`optim.make_schedule(...)`), for the learning_rate metric.
   compute_entropy: report the mean next-token entropy over completion tokens (costs one extra pass
     over each logits chunk).
+  skip_nonfinite: when the loss, the gradient norm or the updated parameters' norm is NaN/inf, keep
+    the old params and optimizer state (the step counter and rng still advance) and report
+    `nonfinite_skipped` = 1; the caller decides when too many skips stop the run
+    (`safety.NonFiniteGuard`). A NaN is never written into the state.
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
     entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
     of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
@@ -343,9 +348,14 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
+    param_norm = _global_norm(params)
+    if skip_nonfinite:
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                       (params, opt_state), (state.params, state.opt_state))
 
     metrics = {
-        "loss": loss, "grad_norm": grad_norm, "param_norm": _global_norm(params),
+        "loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
         "tokens": n_tok, "seq_tokens": jnp.sum((batch.segment_ids > 0).astype(jnp.float32)),
     }
     if compute_entropy:
@@ -353,6 +363,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     if learning_rate_fn is not None:
       metrics["learning_rate"] = learning_rate_fn(state.step)
     metrics.update(aux)
+    if skip_nonfinite:
+      metrics["nonfinite_skipped"] = 1.0 - finite.astype(jnp.float32)
     metrics = {key: jnp.asarray(v, jnp.float32) for key, v in metrics.items()}
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
                            ref_params=state.ref_params)
@@ -363,6 +375,16 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=(0,) if donate else ())
   return _with_global_batch(jitted, mesh)
+
+
+def all_finite(tree: Any) -> bool:
+  """Whether every floating-point leaf of `tree` (arrays, possibly sharded) is finite (one host
+  round trip; checked before a checkpoint or an HF export is written)."""
+  leaves = [x for x in jax.tree.leaves(tree)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return True
+  return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
 
 
 def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:

@@ -218,3 +218,35 @@ def test_script_without_main_guard(tmp_path):
   while not _gone(pid) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert _gone(pid)
+
+
+def test_child_busy_in_a_call_exits_when_its_parent_is_killed(tmp_path):
+  """kill -9 of the parent while the child is inside a long call: pipe EOF cannot wake it, the
+  orphan watchdog ends it within about a second (before: it lived until the call returned)."""
+  pid_file = tmp_path / "child.pid"
+  script = tmp_path / "parent.py"
+  script.write_text(textwrap.dedent(f"""\
+      import sys
+      sys.path.insert(0, {os.path.join(_REPO, "tests")!r})
+      from jaxreplay.child_process import ChildProcess
+      child = ChildProcess("test_child_process:Server", kwargs=dict(pid_file={str(pid_file)!r}),
+                           startup_timeout_s=60)
+      print("ready", flush=True)
+      child.call("sleep", (300,))
+      """))
+  env = dict(os.environ, PYTHONPATH=_REPO)
+  parent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            text=True)
+  try:
+    assert parent.stdout.readline().strip() == "ready"
+    child_pid = int(pid_file.read_text())
+    time.sleep(0.5)  # the child is inside sleep(300)
+    assert not _gone(child_pid)
+    parent.kill()
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not _gone(child_pid) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert _gone(child_pid), "the orphaned child still runs"
+  finally:
+    parent.kill()

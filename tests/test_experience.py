@@ -63,12 +63,31 @@ def test_prompt_source_is_deterministic_and_requeues_dropped_prompts():
   src.delivered([first[0][0]])
   src.dropped([first[1][0]])
   state = src.state_dict()
-  assert state == {"cursor": 3, "pending": [1, 2]}  # the dropped one first, then the in-flight one
+  assert state == {"cursor": 3, "pending": [1, 2]}  # the dropped one and the in-flight one, sorted
   again = PromptSource(Task(), seed=3)
   again.load_state_dict(state)
   taken = again.take(3)
   assert [i for i, _ in taken] == [1, 2, 3]
   assert taken[0][1].prompt == first[1][1].prompt
+
+
+def test_a_restored_in_flight_request_is_pending_not_handed_out_again():
+  """A checkpoint taken while prompts 4..5 were in flight: the resumed run rebuilds that request
+  (the scheduler saved its completions); the next request starts at the cursor."""
+  intake, _ = make_intake()
+  for _ in range(3):
+    intake.deliver(*(lambda b: (b, groups_for(b, [True, False, False, True])))(
+        intake.next_request()))
+  in_flight = intake.next_request()
+  saved = intake.state_dict()
+  resumed, _ = make_intake()
+  resumed.load_state_dict(saved)
+  again = resumed.restore_request([i for i, _ in in_flight.meta])
+  assert resumed.in_flight == 8 and [i for i, _ in again.meta] == [6, 7]
+  for a, b in zip(again.prompts, in_flight.prompts):
+    np.testing.assert_array_equal(a, b)
+  assert [i for i, _ in resumed.next_request().meta] == [8, 9]  # 6, 7 are not handed out twice
+  assert resumed.prompts.state_dict() == {"cursor": 10, "pending": [6, 7, 8, 9]}
 
 
 def test_intake_delivers_scored_rollouts_with_group_advantages():

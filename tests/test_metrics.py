@@ -73,13 +73,15 @@ def test_progress_logger_rate_and_eta():
   now[0] = 110.0
   first = p.update(20, {"reward_mean": np.float32(0.5), "other": 1.0})
   assert first is not None  # the first update always logs
-  assert "step 20/110" in first and "1 steps/s" in first and "ETA 1m30s" in first
+  # The first update's time includes start-up and compilation: no rate or ETA from it.
+  assert "step 20/110" in first and "ETA ?" in first
   assert "reward_mean=0.5" in first and "other" not in first
   now[0] = 120.0
   assert p.update(30, {"loss": 2.0}) is None  # 10 s < every_s
   now[0] = 150.0
-  line = p.update(60, {"loss": 2.0})
-  assert "step 60/110 (54.5%)" in line and "ETA 50s" in line and "loss=2" in line
+  line = p.update(60, {"loss": 2.0})  # 40 steps in the 40 s since the first update
+  assert "step 60/110 (54.5%)" in line and "1 steps/s" in line and "ETA 50s" in line
+  assert "loss=2" in line
   assert p.update(110) is not None  # the last step always logs
   assert metrics.format_duration(3723) == "1h02m03s"
   assert metrics.format_duration(float("inf")) == "?"
@@ -132,3 +134,34 @@ def test_plot_groups_median_and_iqr(tmp_path):
     plot.plot_runs([str(tmp_path / "onpolicy_s0")], str(out), ys=("missing",))
   with pytest.raises(FileNotFoundError):
     plot.main(["--runs", str(tmp_path / "absent"), "--out", str(out)])
+
+
+def _tb_scalars(tb_dir) -> dict[str, list[tuple[int, float]]]:
+  """tag -> [(step, value)] of every event file in `tb_dir` (TFRecord framing: u64 length, u32
+  crc, payload, u32 crc), parsed with tensorboardX's own protobufs."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in sorted(os.listdir(tb_dir)):
+    with open(os.path.join(tb_dir, name), "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      for v in event.summary.value:
+        out.setdefault(v.tag, []).append((event.step, v.simple_value))
+  return out
+
+
+def test_tensorboard_skips_nonfinite_and_sanitises_names(tmp_path):
+  with metrics.MetricsWriter(str(tmp_path)) as w:
+    w.write(1, {"reward_mean": float("nan"), "eval/pass@1": 0.5, "loss": float("inf")})
+    w.write(2, {"reward_mean": 0.25, "eval/pass@1": 0.75, "loss": 1.0})
+  rows = metrics.read_metrics(str(tmp_path))
+  assert rows[0]["reward_mean"] is None and rows[0]["loss"] is None  # JSONL keeps the row, as null
+  scalars = _tb_scalars(str(tmp_path / "tb"))
+  assert set(scalars) == {"reward_mean", "eval/pass_1", "loss"}
+  assert scalars["reward_mean"] == [(2, 0.25)] and scalars["loss"] == [(2, 1.0)]
+  assert scalars["eval/pass_1"] == [(1, 0.5), (2, 0.75)]
+  assert metrics.tensorboard_name("a b/c@1:x") == "a_b/c_1_x"

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from test_end_to_end import SHORT, read_rows
+from tiny_runs import SHORT, read_rows
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them

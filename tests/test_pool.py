@@ -360,3 +360,23 @@ def test_importing_rollout_does_not_import_vllm_torch_or_jax():
           "assert not bad, bad")
   env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
+  """A run killed with -9 leaves /dev/shm/jaxreplay-<pid>-*; the next publisher removes those of
+  dead pids and keeps live ones (another run on the machine) and unrelated names."""
+  from jaxreplay.rollout import weight_sync  # pylint: disable=g-import-not-at-top
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  stale = tmp_path / f"jaxreplay-{dead.pid}-abc"
+  (stale / "v3").mkdir(parents=True)
+  (stale / "v3" / "model.safetensors").write_bytes(b"x" * 10)
+  live = tmp_path / f"jaxreplay-{os.getppid()}-def"
+  live.mkdir()
+  mine = tmp_path / f"jaxreplay-{os.getpid()}-ghi"
+  mine.mkdir()
+  other = tmp_path / "jaxreplay-notapid-x"
+  other.mkdir()
+  removed = weight_sync.remove_stale_roots(str(tmp_path))
+  assert removed == [str(stale)]
+  assert not stale.exists() and live.exists() and mine.exists() and other.exists()

@@ -84,3 +84,27 @@ def test_mismatch_probe_compares_trainer_and_sampler_logprobs():
   assert probe.latest["mismatch/tokens"] == 2.0
   assert probe.latest["mismatch/logprob_abs_diff"] == pytest.approx(0.1)
   assert probe.latest["mismatch/exp_abs_diff"] == pytest.approx(math.exp(0.1))
+  assert probe.warnings == 0
+  probe.check_groups(1.0, groups)  # exp(1) = 2.7 > 1.5: the sampler does not run these weights
+  assert probe.warnings == 1
+
+
+def test_counters_continue_across_a_resume():
+  """reward/*, pool/* counts and time/wall_s go on from the checkpointed values after a resume;
+  rates and gauges (pool/tokens_per_second, pool/live_threads) do not."""
+  first = make("async")
+  first.pool_metrics = lambda: {"pool/requests": 5.0, "pool/restarts": 1.0,
+                                "pool/tokens_per_second": 9.0, "pool/live_threads": 2.0}
+  first.mismatch.latest = {"mismatch/exp_abs_diff": 1.01}
+  saved = first.counters()
+  assert saved["cumulative"] == {"reward/calls": 2.0, "pool/requests": 5.0, "pool/restarts": 1.0}
+  saved["wall_s"] = 100.0
+  resumed = make("async")
+  resumed.pool_metrics = lambda: {"pool/requests": 3.0, "pool/restarts": 0.0,
+                                  "pool/tokens_per_second": 7.0, "pool/live_threads": 2.0}
+  resumed.restore_counters(saved)
+  row = resumed.row(5, 5, {})
+  assert row["reward/calls"] == 4.0 and row["pool/requests"] == 8.0 and row["pool/restarts"] == 1.0
+  assert row["pool/tokens_per_second"] == 7.0 and row["pool/live_threads"] == 2.0
+  assert 100.0 <= row["time/wall_s"] < 160.0
+  assert row["mismatch/exp_abs_diff"] == 1.01

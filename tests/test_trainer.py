@@ -438,3 +438,23 @@ def test_tis_microbatches_equal_the_whole_batch(data):
     np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=1e-7, err_msg=key)
   chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
   chex.assert_trees_all_close(micro.params, whole.params, rtol=1e-5, atol=1e-7)
+
+
+def test_nonfinite_update_is_skipped_and_counted(data):
+  """A NaN advantage makes the loss and gradient NaN: the step keeps the old params and optimizer
+  state (step and rng still advance) and reports nonfinite_skipped=1; a finite batch reports 0."""
+  assert data["metrics"]["nonfinite_skipped"] == 0.0
+  step, before = data["step"], data["after_host"]
+  shardings = jax.tree.map(lambda x: x.sharding, data["after"])
+  state = jax.device_put(jax.tree.map(np.copy, before), shardings)
+  bad = data["batch"]._replace(advantages=np.full(B, np.nan, np.float32))
+  new_state, metrics = step(state, bad)
+  metrics = _host(metrics)
+  assert metrics["nonfinite_skipped"] == 1.0 and not np.isfinite(metrics["loss"])
+  after = _host(new_state)
+  chex.assert_trees_all_equal(after.params, before.params)
+  chex.assert_trees_all_equal(after.opt_state, before.opt_state)
+  assert int(after.step) == int(before.step) + 1
+  assert trainer.all_finite(new_state.params)
+  assert not trainer.all_finite({"w": jnp.array([1.0, jnp.inf]), "i": jnp.array([1, 2])})
+  assert trainer.all_finite({"i": jnp.array([1, 2])})  # integer leaves are always finite

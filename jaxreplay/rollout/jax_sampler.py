@@ -244,6 +244,18 @@ class JaxSampler:
     cfg, params = models.load_hf(hf_dir, dtype=dtype)
     return cls(cfg, params, max_len, policy_version=policy_version, load_dtype=dtype, **kwargs)
 
+  @property
+  def call_count(self) -> int:
+    """`generate` calls so far; call k draws its noise from fold_in(seed, sampling.seed, k)."""
+    with self._lock:
+      return self._calls
+
+  @call_count.setter
+  def call_count(self, value: int) -> None:
+    """A resumed run's worker continues the noise stream where the interrupted one stopped."""
+    with self._lock:
+      self._calls = int(value)
+
   # ---- weights ----------------------------------------------------------------------------------
 
   def load_weights(self, weights: Weights) -> None:

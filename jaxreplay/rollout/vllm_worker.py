@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import glob
 import json
+import logging
 import os
 import threading
 import time
@@ -56,8 +57,37 @@ def _apply_default_env(env: Optional[dict[str, str]] = None) -> None:
   os.environ.update(env or {})
 
 
+class _BenignReloadWarnings(logging.Filter):
+  """Drops vLLM's layerwise-reload warning "<Layer>: Failed to load weights" for layers that have
+  nothing to load by design: rotary embeddings (their cos/sin cache is a computed buffer, not a
+  checkpoint tensor) and, when the embeddings are tied, the LM head (its weight is the embedding's).
+  Every other layer's warning still shows. Whether a refresh really loaded the weights is checked
+  by comparing log-probs (`run_metrics.MismatchProbe`, which warns when they differ)."""
+
+  def __init__(self, tied_head: bool):
+    super().__init__()
+    self.tied_head = tied_head
+    self.dropped = 0
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.msg != "%s: Failed to load weights" or not record.args:
+      return True
+    layer = str(record.args[0])
+    benign = layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead")
+    self.dropped += benign
+    return not benign
+
+
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
 def _reload_worker_weights(worker, weights_path: str) -> None:
   """Runs inside vLLM's worker: reloads all weights from `weights_path`, re-packs a tied LM head."""
+  model = worker.model_runner.get_model()
+  tied = bool(getattr(model.config, "tie_word_embeddings", False))
+  reload_logger = logging.getLogger(_RELOAD_LOGGER)
+  if not any(isinstance(f, _BenignReloadWarnings) for f in reload_logger.filters):
+    reload_logger.addFilter(_BenignReloadWarnings(tied))
   worker.reload_weights(weights_path=weights_path)
   model = worker.model_runner.get_model()
   lm_head = getattr(model, "lm_head", None)

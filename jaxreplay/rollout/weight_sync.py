@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,12 +40,50 @@ class PublishRecord:
     return self.transfer_seconds + self.write_seconds
 
 
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's live process
+    return True
+  return True
+
+
+def remove_stale_roots(parent: str) -> list[str]:
+  """Deletes `parent/jaxreplay-<pid>-*` directories whose process is dead (a run killed with -9
+  never reaches its exit handler, and /dev/shm is RAM); returns the removed paths. Directories of
+  live processes (other runs on this machine) are kept."""
+  removed = []
+  try:
+    names = os.listdir(parent)
+  except OSError:
+    return removed
+  for name in names:
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] != "jaxreplay" or not parts[1].isdigit():
+      continue
+    path = os.path.join(parent, name)
+    if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])) or not os.path.isdir(path):
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.exists(path):
+      removed.append(path)
+  if removed:
+    logging.info("removed %d weight directories left by dead runs: %s", len(removed),
+                 ", ".join(removed))
+  return removed
+
+
 def default_root() -> str:
   """A new directory `/dev/shm/jaxreplay-<pid>-<random>` when /dev/shm is a writable directory,
-  else a new temporary directory. New per call: two publishers never delete each other's files."""
+  else a new temporary directory. New per call: two publishers never delete each other's files.
+  Directories left by dead processes are removed first (`remove_stale_roots`)."""
   shm = "/dev/shm"
   if os.path.isdir(shm) and os.access(shm, os.W_OK):
+    remove_stale_roots(shm)
     return tempfile.mkdtemp(prefix=f"jaxreplay-{os.getpid()}-", dir=shm)
+  remove_stale_roots(tempfile.gettempdir())
   return tempfile.mkdtemp(prefix=f"jaxreplay-{os.getpid()}-")
 
 

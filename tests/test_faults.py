@@ -1,0 +1,154 @@
+"""Fault injection on whole runs (`python -m jaxreplay.launch`, the shortened tiny config).
+
+After each fault the run either resumes and ends exactly where an uninterrupted run ends (metric
+rows, buffer, prompt cursor, simulated clock: bit for bit), or stops with a named error and
+nothing bad on disk:
+  kill -9 at two points (the simulated schedule has requests in flight at every checkpoint),
+  SIGTERM (a checkpoint at the current step, even with checkpoint.every=0; exit 143),
+  a second run on a busy workdir (refused, exit 3; the first run is not disturbed),
+  a corrupted newest checkpoint (detected, moved aside, the previous one resumed),
+  non-finite updates (lr=1e30: skipped, then the run stops, exit 3; no NaN is ever saved).
+Bad data rows and rewards that hang or eat memory are covered in test_prompt_check.py and
+test_rewards.py.
+"""
+import os
+import shutil
+import signal
+import time
+
+import chex
+import pytest
+
+from jaxreplay import checkpoint as checkpoint_lib
+from jaxreplay import trainer
+from tiny_runs import comparable, read_rows, run_launch, start
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(predicate, proc, timeout=300, what="the condition"):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert proc.poll() is None, f"the run exited ({proc.returncode}) before {what}"
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.05)
+
+
+def _has_checkpoint(workdir, step):
+  return lambda: os.path.isdir(os.path.join(workdir, "checkpoints", str(step)))
+
+
+def _rows_reach(workdir, step):
+  def check():
+    try:
+      return any(r["step"] >= step for r in read_rows(workdir))
+    except (OSError, ValueError):
+      return False
+  return check
+
+
+def _host_state(workdir, step):
+  ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), create=False)
+  try:
+    state, host = ckpt.restore(step)
+  finally:
+    ckpt.close()
+  return state, host
+
+
+def _assert_same_end(workdir, reference):
+  """Rows, final params, buffer, prompt cursor and the simulated clock equal the reference's."""
+  rows, ref_rows = read_rows(workdir), read_rows(reference)
+  assert [r["step"] for r in rows] == list(range(7))  # no row lost or repeated
+  assert [comparable(r) for r in rows] == [comparable(r) for r in ref_rows]
+  state, host = _host_state(workdir, 6)
+  ref_state, ref_host = _host_state(reference, 6)
+  chex.assert_trees_all_equal(state["params"], ref_state["params"])  # restored as saved: dicts
+  for key in ("prompts", "next_group_id", "sim", "scheduler"):
+    assert repr(host[key]) == repr(ref_host[key]), key
+  buf, ref_buf = host["buffer"], ref_host["buffer"]
+  assert repr(buf) == repr(ref_buf)
+
+
+def test_kill9_twice_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_reference_run):
+  workdir = str(tmp_path / "killed")
+  for step in (2, 4):  # a checkpoint written, the run killed soon after, then resumed
+    proc = start(workdir)
+    _wait_for(_has_checkpoint(workdir, step), proc, what=f"checkpoint {step}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert read_rows(workdir)[-1]["step"] < 6
+  out = run_launch(workdir)
+  assert "resumed at step 4" in out.stderr
+  _assert_same_end(workdir, tiny_reference_run)
+
+
+def test_sigterm_saves_a_checkpoint_and_resumes_exactly(tmp_path, tiny_reference_run):
+  workdir = str(tmp_path / "term")
+  extra = ("--config.checkpoint.every=0", "--config.export_hf_every=4")  # no periodic checkpoints
+  log = str(tmp_path / "term.log")
+  proc = start(workdir, *extra, log_path=log)
+  _wait_for(_rows_reach(workdir, 2), proc, what="step 2")
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+  text = open(log).read()
+  assert "SIGTERM received: stopping after the current step" in text
+  assert "rerun the same command to resume" in text and "Traceback" not in text
+  stopped_at = read_rows(workdir)[-1]["step"]
+  assert 2 <= stopped_at < 6
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped_at)]
+  assert open(os.path.join(workdir, ".lock")).read() == ""  # released
+  out = run_launch(workdir, *extra)
+  assert f"resumed at step {stopped_at}" in out.stderr
+  _assert_same_end(workdir, tiny_reference_run)
+
+
+def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
+  workdir = str(tmp_path / "busy")
+  first = start(workdir, "--config.total_steps=60")
+  try:
+    _wait_for(_rows_reach(workdir, 0), first, what="the first run's step-0 row")
+    config_before = open(os.path.join(workdir, "run_config.json")).read()
+    out = run_launch(workdir, "--config.total_steps=7", expect_rc=3)
+    assert f"is in use by pid {first.pid}" in out.stderr and "Traceback" not in out.stderr
+    assert open(os.path.join(workdir, "run_config.json")).read() == config_before
+    assert first.poll() is None  # the first run goes on
+  finally:
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+  # The killed run's lock does not block a resume of it.
+  out = run_launch(workdir, "--config.total_steps=60", "--config.compute_budget=1",
+                   "--config.trainer.schedule=constant")
+  assert "in use" not in out.stderr
+
+
+def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_reference_run):
+  workdir = str(tmp_path / "damaged")
+  shutil.copytree(tiny_reference_run, workdir)
+  newest = os.path.join(workdir, "checkpoints", "6")
+  data = sorted((os.path.getsize(os.path.join(d, f)), os.path.join(d, f))
+                for d, _, files in os.walk(os.path.join(newest, "state")) for f in files)[-1][1]
+  with open(data, "r+b") as f:  # 8 bytes in the largest array file: silent corruption
+    f.seek(os.path.getsize(data) // 2)
+    f.write(b"\xff" * 8)
+  out = run_launch(workdir)  # resumes from step 4: rows 5 and 6 are dropped and made again
+  assert "checkpoint step 6 is damaged" in out.stderr and "resumed at step 4" in out.stderr
+  assert os.path.isdir(os.path.join(workdir, "checkpoints.damaged", "6"))
+  _assert_same_end(workdir, tiny_reference_run)
+
+
+def test_nonfinite_updates_stop_the_run_and_nothing_nonfinite_is_saved(tmp_path):
+  workdir = str(tmp_path / "nan")
+  out = run_launch(workdir, "--config.trainer.learning_rate=1e30", "--config.total_steps=20",
+                   "--config.trainer.max_nonfinite_skips=3", expect_rc=3)
+  assert "NonFiniteUpdates" in out.stderr and "3 updates in a row had a non-finite" in out.stderr
+  assert "learning rate" in out.stderr and "Traceback" not in out.stderr
+  rows = read_rows(workdir)
+  skipped = [r["step"] for r in rows if r.get("nonfinite_skipped")]
+  assert len(skipped) >= 3 and skipped[-3:] == [rows[-1]["step"] - 2, rows[-1]["step"] - 1,
+                                                rows[-1]["step"]]
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
+  assert steps  # checkpoints were written (every 2 steps) ...
+  for step in steps:  # ... and every one of them holds finite parameters
+    state, _ = _host_state(workdir, step)
+    assert trainer.all_finite(state["params"]), step
