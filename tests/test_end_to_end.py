@@ -5,6 +5,7 @@ asynchronous workers, weights were refreshed, a kill -9 mid-run followed by the 
 from the checkpoint, the HF export loads in transformers, and the simulated schedule is deterministic.
 """
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -206,6 +207,21 @@ def test_bad_config_fails_fast_with_a_fix(tmp_path):
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
   assert proc.returncode != 0
   assert "needs total_steps=3 > trainer.warmup_steps=5; lower warmup_steps" in proc.stderr
+
+
+def test_a_rejected_rerun_changes_nothing(tmp_path, tiny_reference_run):
+  """Resuming a finished cosine run with a longer horizon would make the learning rate jump: it is
+  refused, and neither run_config.json nor the rows change; an invalid config leaves them too."""
+  workdir = str(tmp_path / "rerun")
+  shutil.copytree(tiny_reference_run, workdir)
+  before = {name: open(os.path.join(workdir, name)).read()
+            for name in ("run_config.json", "metrics.jsonl")}
+  out = run_launch(workdir, "--config.total_steps=12", expect_rc=1)
+  assert "changed cosine schedule (total_steps 6 -> 12)" in out.stderr
+  out = run_launch(workdir, "--config.buffer.batch_size=512", expect_rc=1)
+  assert "buffer.batch_size (B=512)" in out.stderr
+  for name, text in before.items():
+    assert open(os.path.join(workdir, name)).read() == text, name
 
 
 def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):

@@ -310,3 +310,24 @@ def test_worker_process_from_an_unguarded_script_and_request_timeout(setup, tmp_
   assert "completions 2" in out.stdout
   assert "took more than 0.001 s; the child was killed" in out.stdout
   assert "alive False" in out.stdout
+
+
+def test_benign_reload_warnings_are_filtered_and_others_kept():
+  """vLLM's layerwise reload warns "<Layer>: Failed to load weights" for rotary embeddings (a
+  computed buffer) and a tied LM head on every refresh; those go, any other layer's stays."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import vllm_worker  # pylint: disable=g-import-not-at-top
+
+  def record(layer):
+    return logging.LogRecord(vllm_worker._RELOAD_LOGGER, logging.WARNING, __file__, 1,  # pylint: disable=protected-access
+                             "%s: Failed to load weights", (layer,), None)
+  tied = vllm_worker._BenignReloadWarnings(tied_head=True)  # pylint: disable=protected-access
+  assert not tied.filter(record("RotaryEmbedding"))
+  assert not tied.filter(record("Llama3RotaryEmbedding"))
+  assert not tied.filter(record("ParallelLMHead"))
+  assert tied.filter(record("QKVParallelLinear")) and tied.filter(record("VocabParallelEmbedding"))
+  assert tied.dropped == 3
+  untied = vllm_worker._BenignReloadWarnings(tied_head=False)  # pylint: disable=protected-access
+  assert untied.filter(record("ParallelLMHead"))  # an untied head must load: keep its warning
+  other = logging.LogRecord("x", logging.WARNING, __file__, 1, "something else %s", ("a",), None)
+  assert tied.filter(other)
