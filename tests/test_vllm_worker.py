@@ -331,3 +331,17 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
   assert untied.filter(record("ParallelLMHead"))  # an untied head must load: keep its warning
   other = logging.LogRecord("x", logging.WARNING, __file__, 1, "something else %s", ("a",), None)
   assert tied.filter(other)
+
+
+def test_benign_startup_warnings_are_filtered_and_others_kept():
+  import logging  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import vllm_worker  # pylint: disable=g-import-not-at-top
+  f = vllm_worker._BenignStartupWarnings(["Chat template warmup failed", "Using None for EOS"])  # pylint: disable=protected-access
+
+  def record(msg):
+    return logging.LogRecord("vllm.renderers.base", logging.WARNING, __file__, 1, msg, (), None)
+  assert not f.filter(record("Chat template warmup failed"))
+  assert not f.filter(record("Using None for EOS token id because tokenizer is not initialized"))
+  assert f.filter(record("Some other warning"))
+  names = {name for name, _, _ in vllm_worker._BENIGN_STARTUP}  # pylint: disable=protected-access
+  assert {"vllm.renderers.base", "vllm.v1.worker.cpu_worker"} <= names

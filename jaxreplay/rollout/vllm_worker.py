@@ -47,7 +47,32 @@ _DEFAULT_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU.
     "VLLM_LOGGING_LEVEL": "WARNING",
+    # vLLM's CPU kernels announce their NUMA memory binding through torch's C++ warning channel at
+    # every engine start; nothing else in the engine process uses that channel during a run.
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
+# Start-up warnings that say nothing about this use of vLLM: (logger, message start, why benign).
+_BENIGN_STARTUP = (
+    ("vllm.renderers.base", "Chat template warmup failed",
+     "the engine runs without its tokenizer (token ids in and out, skip_tokenizer_init=True)"),
+    ("vllm.renderers.base", "Using None for EOS token id because tokenizer is not initialized",
+     "stop token ids are given with every request"),
+    ("vllm.renderers.base", "Using None for BOS token id because tokenizer is not initialized",
+     "prompts arrive as token ids"),
+    ("vllm.v1.worker.cpu_worker", "CPU backend doesn't allow to use `torch.set_num_threads`",
+     "vLLM binds its CPU threads itself"),
+    ("vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD",
+     "a speed hint for CPU serving (tcmalloc / Intel OpenMP); the CPU engine is the test backend"),
+    ("vllm.engine.arg_utils", "The global random seed is set to",
+     "the engine runs in its own worker process; requests carry their own seeds"),
+    ("vllm.config.vllm", "Enforce eager set, disabling", "eager mode is the configured choice"),
+    ("vllm.config.vllm", "TORCH_COMPILE_DISABLE is set", "set on purpose (disable_torch_compile)"),
+    ("vllm.config.vllm", "Inductor compilation was disabled", "set on purpose (disable_torch_compile)"),
+    ("vllm.config.vllm", "Model Runner V2 requires Triton", "CPU: the V1 runner is the CPU path"),
+    ("vllm.platforms.cpu", "Triton is not installed. triton-cpu", "CPU: no Triton kernels needed"),
+    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend",
+     "CPU: no Triton kernels needed"),
+)
 _LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
@@ -79,6 +104,33 @@ class _BenignReloadWarnings(logging.Filter):
 
 
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _BenignStartupWarnings(logging.Filter):
+  """Drops the `_BENIGN_STARTUP` warnings of one vLLM logger (each with its reason there)."""
+
+  def __init__(self, prefixes: Sequence[str]):
+    super().__init__()
+    self.prefixes = tuple(prefixes)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self.prefixes)
+
+
+def _silence_benign_startup_warnings() -> None:
+  """Before vLLM is imported (some warn during the import; vLLM's logging set-up keeps existing
+  loggers and their filters): the `_BENIGN_STARTUP` filters, and the FutureWarning of vLLM's own
+  import of a deprecated torch name."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                          category=FutureWarning)
+  by_logger: dict[str, list[str]] = {}
+  for name, prefix, _ in _BENIGN_STARTUP:
+    by_logger.setdefault(name, []).append(prefix)
+  for name, prefixes in by_logger.items():
+    target = logging.getLogger(name)
+    if not any(isinstance(f, _BenignStartupWarnings) for f in target.filters):
+      target.addFilter(_BenignStartupWarnings(prefixes))
 
 
 def _reload_worker_weights(worker, weights_path: str) -> None:
@@ -163,6 +215,7 @@ class VllmEngine:
     if logprobs_mode not in _LOGPROBS_MODES:
       raise ValueError(f"logprobs_mode={logprobs_mode!r}; expected one of {_LOGPROBS_MODES}")
     _apply_default_env(env)
+    _silence_benign_startup_warnings()
     if disable_torch_compile:
       os.environ["TORCH_COMPILE_DISABLE"] = "1"
     import torch  # pylint: disable=g-import-not-at-top
