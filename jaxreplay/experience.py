@@ -18,7 +18,7 @@ import numpy as np
 from jaxreplay import algorithms
 from jaxreplay.batch import Rollout
 from jaxreplay.rollout.base import Group, SamplingParams
-from jaxreplay.rollout.pool import PromptBatch
+from jaxreplay.rollout.pool import PoolStopped, PromptBatch
 
 
 def make_advantage_fn(loss: str, adv_eps: float = 1e-6, tau: float = -0.1) -> Callable:
@@ -216,8 +216,9 @@ class Intake:
 
   def dropped(self, batch: PromptBatch, error: BaseException) -> None:
     """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
-    logging.warning("rollout request dropped (%s); re-queueing its %d prompts", error,
-                    len(batch.meta))
+    # At the end of a run (or a stop) the requests in flight are dropped by design: not a warning.
+    log = logging.info if isinstance(error, PoolStopped) else logging.warning
+    log("rollout request dropped (%s); re-queueing its %d prompts", error, len(batch.meta))
     self.prompts.dropped([i for i, _ in batch.meta])
     with self._lock:
       self._in_flight -= self.request_rollouts

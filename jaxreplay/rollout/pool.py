@@ -24,6 +24,10 @@ import numpy as np
 from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
 
 
+class PoolStopped(RuntimeError):
+  """A request finished after the pool was told to stop: not delivered (its prompts go back)."""
+
+
 @dataclasses.dataclass
 class PromptBatch:
   """One request: prompts (int32 [Lp] arrays), n samples each, settings; `meta` rides along."""
@@ -140,7 +144,7 @@ class _WorkerRunner:
     seconds = time.perf_counter() - start
     _check_groups(groups, batch, version)
     if pool.stopping:
-      self._drop(batch, RuntimeError("the pool stopped before this request was delivered"))
+      self._drop(batch, PoolStopped("the pool stopped before this request was delivered"))
       return
     tokens = sum(len(c.tokens) for g in groups for c in g.completions)
     delivery = Delivery(groups=groups, batch=batch, worker_index=self.index, policy_version=version,
