@@ -279,9 +279,11 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                              max_to_keep=c.checkpoint.keep)
   stack.callback(checkpointer.close)
   resumed_host = None
-  if checkpointer.latest_step() is not None:
-    state, resumed_host = checkpointer.restore(abstract_state=state)
-    logging.info("restoring checkpoint step %d", int(jax.device_get(state.step)))
+  resumed = checkpointer.restore_latest_valid(abstract_state=state)  # skips damaged steps
+  if resumed is not None:
+    resumed_step, state, resumed_host, skipped = resumed
+    logging.info("restored checkpoint step %d%s", resumed_step, f" (skipped damaged steps "
+                 f"{', '.join(str(s) for s, _ in skipped)})" if skipped else "")
   step = int(jax.device_get(state.step))
 
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,

@@ -1,5 +1,15 @@
 """Checkpointer: async atomic save of (state, host state), keep-last-K, resume, restore on a new mesh."""
+import errno
+import hashlib
+import json
+import logging
 import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
 
 import chex
 import jax
@@ -8,10 +18,12 @@ import pytest
 
 from jaxreplay import batch as batch_lib
 from jaxreplay import checkpoint
+from jaxreplay import checkpoint_integrity
 from jaxreplay import optim
 from jaxreplay import sharding
 from jaxreplay import trainer
 from jaxreplay.models import presets
+from jaxreplay.models import safetensors_io
 
 CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=32)
@@ -161,3 +173,316 @@ def test_errors(tmp_path):
     checkpoint.Checkpointer(str(tmp_path / "afile"))
   with pytest.raises(ValueError, match="max_to_keep"):
     checkpoint.Checkpointer(str(tmp_path / "c"), max_to_keep=0)
+
+
+# ---- integrity: manifests, damaged steps, failed saves, stale temporary directories -------------
+
+def _tree(value):
+  """A small pytree whose every leaf holds `value` (so steps are told apart by their contents)."""
+  return {"w": np.full((64, 32), value, np.float32), "b": np.full((7,), int(value), np.int32)}
+
+
+def _saved(tmp_path, steps=(1, 2)):
+  """A checkpoint directory holding one step per entry of `steps` (`_tree(step)`, host {"s": step})."""
+  d = str(tmp_path / "ckpt")
+  with checkpoint.Checkpointer(d, max_to_keep=None) as ckpt:
+    for s in steps:
+      ckpt.save(s, _tree(s), {"s": s})
+  return d
+
+
+def _data_files(step_dir):
+  """The state item's data files (not metadata) of a step, largest first."""
+  found = []
+  for root, _, files in os.walk(os.path.join(step_dir, "state")):
+    for f in files:
+      if os.path.basename(root) == "d":
+        found.append(os.path.join(root, f))
+  assert found, f"no data files under {step_dir}/state"
+  return sorted(found, key=lambda p: (-os.path.getsize(p), p))
+
+
+def _restore_valid(d):
+  with checkpoint.Checkpointer(d) as ckpt:
+    return ckpt.restore_latest_valid(abstract_state=_tree(0)), ckpt.all_steps()
+
+
+def test_manifest_written_before_commit_and_verified(tmp_path, monkeypatch):
+  seen = []
+  real = checkpoint_integrity.write_manifest
+
+  def spy(step_dir):
+    final = step_dir.split(checkpoint_integrity.TMP_DIR_SUFFIX)[0]
+    seen.append((os.path.basename(step_dir), os.path.exists(final)))
+    return real(step_dir)
+
+  monkeypatch.setattr(checkpoint_integrity, "write_manifest", spy)
+  d = _saved(tmp_path)
+  # Written in orbax's temporary directory, while the step is not yet visible.
+  assert seen == [("1.orbax-checkpoint-tmp", False), ("2.orbax-checkpoint-tmp", False)]
+  step_dir = os.path.join(d, "2")
+  with open(os.path.join(step_dir, checkpoint_integrity.MANIFEST_NAME)) as f:
+    manifest = json.load(f)
+  on_disk = set()
+  for root, _, files in os.walk(step_dir):
+    on_disk |= {os.path.relpath(os.path.join(root, n), step_dir) for n in files}
+  assert set(manifest["files"]) == on_disk - {"MANIFEST.sha256.json", "_CHECKPOINT_METADATA",
+                                              "commit_success.txt"}
+  assert "state/_METADATA" in manifest["files"] and "host/metadata" in manifest["files"]
+  for rel, entry in manifest["files"].items():
+    with open(os.path.join(step_dir, rel), "rb") as f:
+      raw = f.read()
+    assert entry == {"size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+  assert checkpoint_integrity.verify_step_dir(step_dir) == []
+  resumed, steps = _restore_valid(d)
+  step, state, host, skipped = resumed
+  assert (step, host, skipped, steps) == (2, {"s": 2}, [], [1, 2])
+  chex.assert_trees_all_equal(_host(state), _tree(2))
+
+
+def _overwrite_8_bytes(step_dir):
+  path = _data_files(step_dir)[0]
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    old = f.read(8)
+    f.seek(-8, os.SEEK_CUR)
+    f.write(bytes(b ^ 0xFF for b in old))
+  return os.path.relpath(path, step_dir), "sha256 differs from the manifest"
+
+
+def _truncate(step_dir):
+  path = _data_files(step_dir)[0]
+  size = os.path.getsize(path)
+  os.truncate(path, size // 2)
+  return os.path.relpath(path, step_dir), f"has {size // 2} bytes, the manifest says {size}"
+
+
+def _delete_metadata(step_dir):
+  os.remove(os.path.join(step_dir, "state", "_METADATA"))
+  return "state/_METADATA", "missing"
+
+
+def _garble_step_metadata(step_dir):
+  with open(os.path.join(step_dir, "_CHECKPOINT_METADATA"), "w") as f:
+    f.write('{"item_handlers": {"sta')
+  return "_CHECKPOINT_METADATA", "unreadable (JSONDecodeError"
+
+
+def _garble_host(step_dir):
+  with open(os.path.join(step_dir, "host", "metadata"), "w") as f:
+    f.write("[1, 2")
+  return "host/metadata", "has 5 bytes, the manifest says"
+
+
+def _delete_manifest(step_dir):
+  os.remove(os.path.join(step_dir, checkpoint_integrity.MANIFEST_NAME))
+  return "MANIFEST.sha256.json", "missing although the save wrote one"
+
+
+@pytest.mark.parametrize("damage", [_overwrite_8_bytes, _truncate, _delete_metadata,
+                                    _garble_step_metadata, _garble_host, _delete_manifest])
+def test_damaged_newest_step_falls_back(tmp_path, damage, caplog):
+  d = _saved(tmp_path, steps=(1, 2, 3))
+  what, why = damage(os.path.join(d, "3"))
+  problems = checkpoint_integrity.verify_step_dir(os.path.join(d, "3"))
+  assert len(problems) == 1 and problems[0].startswith(f"{what} {why}"), problems
+  assert checkpoint_integrity.verify_step_dir(os.path.join(d, "2")) == []
+  caplog.set_level(logging.INFO)
+  resumed, steps = _restore_valid(d)
+  step, state, host, skipped = resumed
+  assert (step, host, steps) == (2, {"s": 2}, [1, 2])
+  chex.assert_trees_all_equal(_host(state), _tree(2))
+  assert len(skipped) == 1 and skipped[0][0] == 3 and skipped[0][1] == problems[0]
+  assert os.listdir(d + ".damaged") == ["3"] and not os.path.exists(os.path.join(d, "3"))
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert warnings == [f"checkpoint step 3 is damaged ({problems[0]}); moved to {d}.damaged/3; "
+                      "falling back to step 2"]
+  # The next run sees step 2 as the newest and may save step 3 again.
+  with checkpoint.Checkpointer(d) as ckpt:
+    ckpt.save(3, _tree(30), {"s": 30})
+  resumed, steps = _restore_valid(d)
+  assert resumed[0] == 3 and resumed[2] == {"s": 30} and resumed[3] == [] and steps == [1, 2, 3]
+
+
+def test_two_damaged_steps_fall_back_to_the_oldest(tmp_path):
+  d = _saved(tmp_path, steps=(1, 2, 3))
+  _overwrite_8_bytes(os.path.join(d, "3"))
+  _truncate(os.path.join(d, "2"))
+  resumed, steps = _restore_valid(d)
+  step, state, host, skipped = resumed
+  assert (step, host, steps) == (1, {"s": 1}, [1])
+  assert [s for s, _ in skipped] == [3, 2]
+  assert "sha256 differs" in skipped[0][1] and "bytes, the manifest says" in skipped[1][1]
+  assert sorted(os.listdir(d + ".damaged")) == ["2", "3"]
+
+
+def _strip_manifest(step_dir):
+  """Makes `step_dir` look saved by a jaxreplay without manifests."""
+  os.remove(os.path.join(step_dir, checkpoint_integrity.MANIFEST_NAME))
+  meta_path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+  with open(meta_path) as f:
+    meta = json.load(f)
+  meta["custom_metadata"] = {}
+  with open(meta_path, "w") as f:
+    json.dump(meta, f)
+
+
+def test_steps_without_a_manifest(tmp_path, caplog):
+  d = _saved(tmp_path, steps=(1, 2, 3))
+  for s in (1, 2, 3):
+    _strip_manifest(os.path.join(d, str(s)))
+  caplog.set_level(logging.INFO)
+  assert checkpoint_integrity.verify_step_dir(os.path.join(d, "3")) == []
+  assert any("has no MANIFEST.sha256.json (saved before manifests existed)" in r.getMessage()
+             for r in caplog.records)
+  # Unverifiable: an orbax failure marks it damaged (falls back).
+  os.remove(os.path.join(d, "3", "state", "_METADATA"))
+  resumed, steps = _restore_valid(d)
+  step, state, host, skipped = resumed
+  assert (step, host, steps) == (2, {"s": 2}, [1, 2])
+  assert skipped[0][0] == 3 and skipped[0][1].startswith("orbax could not restore it: ")
+  chex.assert_trees_all_equal(_host(state), _tree(2))
+
+
+def test_verified_step_that_does_not_fit_the_target_is_not_moved(tmp_path):
+  d = _saved(tmp_path, steps=(1,))
+  wrong = {"w": np.zeros((64, 32), np.float32), "c": np.zeros((7,), np.int32)}  # "c", not "b"
+  with checkpoint.Checkpointer(d) as ckpt:
+    with pytest.raises(ValueError, match="Structure mismatch") as info:
+      ckpt.restore_latest_valid(abstract_state=wrong)
+    assert ckpt.all_steps() == [1]
+  assert any("passed its sha256 check" in n for n in getattr(info.value, "__notes__", []))
+  assert not os.path.exists(d + ".damaged")
+
+
+def test_all_damaged_raises_and_moves_nothing(tmp_path):
+  d = _saved(tmp_path, steps=(1, 2))
+  _truncate(os.path.join(d, "2"))
+  _delete_metadata(os.path.join(d, "1"))
+  with checkpoint.Checkpointer(d) as ckpt:
+    with pytest.raises(checkpoint.NoRestorableCheckpoint) as info:
+      ckpt.restore_latest_valid(abstract_state=_tree(0))
+    assert ckpt.all_steps() == [1, 2]
+  msg = str(info.value)
+  assert msg.startswith(f"no restorable checkpoint in {d}: every step is damaged\n")
+  lines = msg.splitlines()
+  assert lines[1].startswith("  step 2: state/") and "bytes, the manifest says" in lines[1]
+  assert lines[2] == "  step 1: state/_METADATA missing"
+  assert lines[3].startswith(f"Fix: delete {d} ") and "new workdir" in lines[3]
+  assert not os.path.exists(d + ".damaged")
+
+
+def test_nothing_to_restore(tmp_path):
+  with checkpoint.Checkpointer(str(tmp_path / "c")) as ckpt:
+    assert ckpt.restore_latest_valid(abstract_state=_tree(0)) is None
+
+
+def test_stale_tmp_dirs_removed_at_construction(tmp_path, caplog):
+  d = _saved(tmp_path, steps=(1,))
+  for name in ("7.orbax-checkpoint-tmp", "8.orbax-checkpoint-tmp-1234"):
+    os.makedirs(os.path.join(d, name, "state"))
+    (tmp_path / "ckpt" / name / "state" / "x").write_bytes(b"partial")
+  (tmp_path / "ckpt" / "notes.orbax-checkpoint-tmp").mkdir()  # not a step: kept
+  with checkpoint.Checkpointer(d, clean_stale=False):
+    assert os.path.exists(os.path.join(d, "7.orbax-checkpoint-tmp"))
+  caplog.set_level(logging.INFO)
+  with checkpoint.Checkpointer(d) as ckpt:
+    assert ckpt.all_steps() == [1]
+  assert sorted(os.listdir(d)) == ["1", "notes.orbax-checkpoint-tmp"]
+  removed = [r.getMessage() for r in caplog.records if "unfinished checkpoint save" in r.getMessage()]
+  assert len(removed) == 2
+  assert os.path.join(d, "7.orbax-checkpoint-tmp") in removed[0]
+  assert os.path.join(d, "8.orbax-checkpoint-tmp-1234") in removed[1]
+
+
+def test_failed_save_is_one_line_with_free_space(tmp_path, monkeypatch, caplog):
+  d = str(tmp_path / "c")
+  caplog.set_level(logging.INFO)
+
+  def disk_full(step_dir):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(step_dir, "MANIFEST"))
+
+  with checkpoint.Checkpointer(d) as ckpt:
+    ckpt.save(1, _tree(1), {"s": 1})
+    ckpt.wait()
+    # In orbax's background thread (after every item is written): raised by the next wait / save.
+    monkeypatch.setattr(checkpoint_integrity, "write_manifest", disk_full)
+    ckpt.save(2, _tree(2), {"s": 2})
+    with pytest.raises(checkpoint.CheckpointSaveError) as info:
+      ckpt.wait()
+    msg = str(info.value)
+    assert "\n" not in msg and info.value.__suppress_context__
+    assert re.fullmatch(
+        rf"checkpoint step 2 could not be saved to {re.escape(d)}: no space left on device "
+        r"\(ENOSPC\); \d+\.\d (GiB|MiB) free on that filesystem; removed the unfinished save "
+        r"2\.orbax-checkpoint-tmp; earlier checkpoints are intact", msg), msg
+    assert isinstance(info.value.error, OSError) and info.value.error.errno == errno.ENOSPC
+    assert sorted(os.listdir(d)) == ["1"] and ckpt.all_steps() == [1]
+    # orbax's background-thread errors are logged without their tracebacks.
+    orbax_errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert orbax_errors and all(r.exc_info is None and r.exc_text is None for r in orbax_errors)
+    assert all("traceback dropped" in r.getMessage() for r in orbax_errors)
+    assert not any("Traceback" in r.getMessage() for r in caplog.records)
+    # A failure when the save starts.
+    monkeypatch.undo()
+
+    def refuse(*args, **kwargs):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt._manager, "save", refuse)
+    with pytest.raises(checkpoint.CheckpointSaveError,
+                       match=r"^checkpoint step 3 could not be saved to .*: no space left on "
+                             r"device \(ENOSPC\); \d+\.\d (GiB|MiB) free on that filesystem; "
+                             r"earlier checkpoints are intact$"):
+      ckpt.save(3, _tree(3))
+    monkeypatch.undo()
+    # The disk has room again: saving goes on.
+    ckpt.save(4, _tree(4), {"s": 4})
+  resumed, steps = _restore_valid(d)
+  assert resumed[0] == 4 and resumed[2] == {"s": 4} and steps == [1, 4]
+
+
+def test_async_false_save_is_committed_on_return(tmp_path):
+  with checkpoint.Checkpointer(str(tmp_path / "c"), async_save=False) as ckpt:
+    ckpt.save(1, _tree(1), {"s": 1})
+    assert os.listdir(tmp_path / "c") == ["1"]
+    assert checkpoint_integrity.verify_step_dir(ckpt.step_dir(1)) == []
+
+
+def _dead_pid():
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  return proc.pid
+
+
+def test_remove_stale_staging(tmp_path, caplog):
+  host = socket.gethostname()
+  dead = tmp_path / f".hf.tmp-{_dead_pid()}@{host}-abcd1234"
+  live = tmp_path / f".hf.tmp-{os.getpid()}@{host}-efgh5678"
+  other_host = tmp_path / f".hf.tmp-{_dead_pid()}@not-{host}-ijkl9012"
+  dead_old = tmp_path / f".hf.old-{_dead_pid()}@{host}-0123abcd"    # hf exists: removed
+  orphan_old = tmp_path / f".v1.old-{_dead_pid()}@{host}-4567abcd"  # v1 missing: the only copy
+  legacy_fresh = tmp_path / ".hf.tmp-zz_12345"
+  legacy_stale = tmp_path / ".hf.tmp-yy_67890"
+  unrelated = tmp_path / ".hf.tmp-notes"
+  for p in (dead, live, other_host, dead_old, orphan_old, legacy_fresh, legacy_stale, unrelated,
+            tmp_path / "hf"):
+    p.mkdir()
+    (p / "model.safetensors").write_bytes(b"partial")
+  os.utime(legacy_stale, (time.time() - 7200, time.time() - 7200))
+  caplog.set_level(logging.INFO)
+  removed = safetensors_io.remove_stale_staging(str(tmp_path))
+  assert sorted(removed) == sorted(str(p) for p in (dead, dead_old, legacy_stale))
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      p.name for p in (live, other_host, orphan_old, legacy_fresh, unrelated, tmp_path / "hf"))
+  messages = [r.getMessage() for r in caplog.records]
+  assert any(str(dead) in m and "is gone" in m for m in messages)
+  assert any(str(orphan_old) in m and "rename it back" in m for m in messages)
+  # staged_dir cleans the parent before it writes, and names its staging dir after the writer.
+  dead2 = tmp_path / f".hf.tmp-{_dead_pid()}@{host}-mnop3456"
+  dead2.mkdir()
+  with safetensors_io.staged_dir(str(tmp_path / "hf")) as tmp:
+    assert os.path.basename(tmp).startswith(f".hf.tmp-{os.getpid()}@")
+    assert not dead2.exists() and live.exists()
+    (pathlib.Path(tmp) / "config.json").write_text("{}")
+  assert os.listdir(tmp_path / "hf") == ["config.json"]

@@ -7,7 +7,8 @@ writes tensors by HF name:
   model.safetensors.index.json lists) slice by slice from memory-mapped files.
 * `write_model_files` streams tensors into model.safetensors, or into
   model-0000k-of-0000N.safetensors shards plus the index (greedy split, as transformers does).
-* `staged_dir` writes a directory under a temporary name and swaps it into place atomically.
+* `staged_dir` writes a directory under a temporary name and swaps it into place atomically;
+  `remove_stale_staging` removes what a killed writer left of such a swap.
 * `copy_tokenizer` copies the `TOKENIZER_FILES` of a tokenizer directory.
 
 A plan entry is (HF name, shape, numpy dtype, producer): the writer calls `producer()` for the
@@ -20,12 +21,16 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import struct
 import tempfile
+import time
 import uuid
 from typing import Any, Callable, Iterator, Sequence
 
+from absl import logging
 import ml_dtypes  # registers bfloat16 with numpy; safetensors' numpy reader needs it
 import numpy as np
 from safetensors import safe_open
@@ -199,6 +204,71 @@ def write_model_files(directory: str, plan: Sequence[PlanEntry], max_shard_bytes
     json.dump(index, f, indent=2)
 
 
+# Names of the swap's leftovers in the parent directory: `.<base>.tmp-<pid>@<host>-<random>` (the
+# staged directory) and `.<base>.old-<pid>@<host>-<hex>` (the replaced one, deleted after the swap).
+# Older versions wrote `.<base>.tmp-<random>` / `.<base>.old-<hex>`, without the writer.
+_STAGING_RE = re.compile(r"^\.(?P<base>.+)\.(?P<kind>tmp|old)-"
+                         r"(?:(?P<pid>\d+)@(?P<host>[A-Za-z0-9._-]+)-)?[a-z0-9_]{8}$")
+_LEGACY_STAGING_AGE_S = 3600.0  # a leftover without a writer pid is removed once this old (seconds)
+
+
+def _writer_tag() -> str:
+  """`<pid>@<host>`: who writes a staging directory (host: no '/' or '@')."""
+  host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+  return f"{os.getpid()}@{host}"
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # exists, owned by another user
+  return True
+
+
+def remove_stale_staging(parent_dir: str) -> list[str]:
+  """Removes leftovers of killed `staged_dir` / `swap_into_place` writers in `parent_dir`.
+
+  A leftover is removed when its name says its writer ran on this host and that pid is dead, or
+  (older names, no writer) when it is over `_LEGACY_STAGING_AGE_S` old; a replaced `.old-` directory
+  only while its `out_dir` exists (otherwise it is the one complete copy). Each removal is logged.
+  Returns the removed paths.
+  """
+  try:
+    names = sorted(os.listdir(parent_dir))
+  except FileNotFoundError:
+    return []
+  host = _writer_tag().split("@", 1)[1]
+  removed = []
+  for name in names:
+    m = _STAGING_RE.match(name)
+    path = os.path.join(parent_dir, name)
+    if not m or not os.path.isdir(path) or os.path.islink(path):
+      continue
+    if m["pid"] is not None:
+      if m["host"] != host or _pid_alive(int(m["pid"])):
+        continue
+      why = f"its writer, pid {m['pid']}, is gone"
+    else:
+      try:
+        age = time.time() - os.path.getmtime(path)
+      except OSError:
+        continue
+      if age < _LEGACY_STAGING_AGE_S:
+        continue
+      why = f"no writer recorded, {age / 3600:.1f} h old"
+    if m["kind"] == "old" and not os.path.isdir(os.path.join(parent_dir, m["base"])):
+      logging.warning("kept %s: the replaced copy of %s, which is missing (a writer was killed "
+                      "mid-swap); rename it back to %s to recover it", path, m["base"], m["base"])
+      continue
+    shutil.rmtree(path, ignore_errors=True)
+    logging.info("removed %s, a partial directory swap of %s (%s)", path, m["base"], why)
+    removed.append(path)
+  return removed
+
+
 def swap_into_place(tmp: str, out_dir: str) -> None:
   """Renames `tmp` to `out_dir`; an existing `out_dir` is moved aside first, then deleted.
 
@@ -210,7 +280,7 @@ def swap_into_place(tmp: str, out_dir: str) -> None:
   if not os.path.isdir(out_dir) or os.path.islink(out_dir):
     raise ValueError(f"{out_dir} exists and is not a directory; refusing to replace it")
   parent, base = os.path.split(out_dir)
-  old = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex[:8]}")
+  old = os.path.join(parent, f".{base}.old-{_writer_tag()}-{uuid.uuid4().hex[:8]}")
   os.rename(out_dir, old)
   os.rename(tmp, out_dir)
   shutil.rmtree(old, ignore_errors=True)
@@ -221,11 +291,13 @@ def staged_dir(out_dir: str) -> Iterator[str]:
   """Yields a new temporary directory next to `out_dir`, swapped into place (mode 0755) on exit.
 
   When the body raises, the temporary directory is deleted and `out_dir` is left as it was.
+  Leftovers of killed writers in the parent directory are removed first (`remove_stale_staging`).
   """
   out_dir = os.path.abspath(out_dir)
   parent, base = os.path.split(out_dir)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+  remove_stale_staging(parent)
+  tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-{_writer_tag()}-", dir=parent)
   try:
     yield tmp
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
