@@ -16,7 +16,6 @@ from typing import Any, Callable, Optional
 
 from absl import logging
 import jax
-import numpy as np
 
 from jaxreplay import accounting
 from jaxreplay import algorithms
@@ -33,6 +32,8 @@ from jaxreplay import trainer
 from jaxreplay.experience import Intake, PromptSource, make_advantage_fn
 from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.tasks import arithmetic as arithmetic_lib
+from jaxreplay.tasks import prompt_check
 from jaxreplay.workers import RolloutBackend
 
 BACKENDS = ("jax", "vllm", "auto")
@@ -117,6 +118,16 @@ def validate_config(c) -> None:
   if c.model.path and not os.path.isdir(c.model.path):
     errors.append(f"model.path={c.model.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
+  if c.task.name in PROCEDURAL_TASKS:
+    try:
+      arithmetic_lib.digit_range(c.task.num_digits)
+    except ValueError as e:
+      errors.append(f"task.{e}")
+  if not 0.0 <= c.task.max_skip_fraction <= 1.0:
+    errors.append(f"task.max_skip_fraction={c.task.max_skip_fraction} must be in [0, 1] (the "
+                  "share of dataset rows that may be dropped for not fitting the context)")
+  if not c.task.reward_memory_gib > 0:
+    errors.append(f"task.reward_memory_gib={c.task.reward_memory_gib} must be > 0 [GiB]")
   if c.task.name == "math" and not c.task.path:
     errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
                   "answer fields>")
@@ -149,12 +160,12 @@ def make_task(c):
   """The config's task (`tasks.make_task` with the task.* keys)."""
   t = c.task
   if t.name == "arithmetic":
-    kwargs = dict(num_digits=tuple(t.num_digits), ops=t.ops, seed=0)
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
   elif t.name == "scratchpad":
-    kwargs = dict(num_digits=tuple(t.num_digits), seed=0)
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
   else:
     kwargs = dict(path=t.path, problem_key=t.problem_key, answer_key=t.answer_key,
-                  template=t.template)
+                  template=t.template, reward_memory_gib=t.reward_memory_gib)
   return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
 
 
@@ -201,6 +212,8 @@ def model_config(c, codec) -> models.ModelConfig:
 
 
 def check_prompt_lengths(codec, problems, max_prompt: int, where: str) -> None:
+  """Raises ValueError when a prompt of `problems` has more than `max_prompt` tokens (kept for
+  callers of the old name; `build` checks every prompt with `prompt_check.check_task_prompts`)."""
   for p in problems:
     n = len(codec.encode_prompt(p.prompt))
     if n > max_prompt:
@@ -248,11 +261,11 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   stack.callback(task.close)
   codec, tok_dir = load_codec(c, task, workdir)
   model_cfg = model_config(c, codec)
-  max_prompt = c.model.max_len - c.rollout.max_tokens
+  # Every prompt, not a sample: an over-long row would crash the run when drawn (and every resume).
+  prompt_check.check_task_prompts(task, codec, prompt_check.Context(c.model.max_len,
+                                                                    c.rollout.max_tokens),
+                                  c.task.max_skip_fraction, seed=c.seed)
   eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
-  check_prompt_lengths(codec, eval_problems, max_prompt, "held-out")
-  check_prompt_lengths(codec, task.sample(np.random.default_rng(c.seed), 64), max_prompt,
-                       "training")
   buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
 
   mesh = sharding.make_mesh(tuple(c.trainer.mesh_shape))

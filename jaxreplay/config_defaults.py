@@ -31,9 +31,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.problem_key = "problem"
   c.task.answer_key = "answer"
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
-  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max)
+  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n)
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
+  c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
+  c.task.max_skip_fraction = 0.01  # share of dataset rows (train; held-out separately) that may be
+                                   # dropped at load for not fitting model.max_len (else an error)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)

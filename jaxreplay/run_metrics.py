@@ -29,8 +29,11 @@ Keys of a row, by source (units in brackets):
                                  publish), time/virtual (the schedule's clock when the step
                                  started), time/wall_s (since the run started, over resumes)
   mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
-  reward/*                       the reward runner's counters (calls, errors, timeouts, restarts),
-                                 cumulative over resumes
+  reward/*                       the reward runner's counters (calls, errors, timeouts,
+                                 memory_errors, restarts), cumulative over resumes
+  data/skipped_rows,             dataset rows dropped when the task was built (prompt over the
+  data/skipped_eval_rows         context or untokenizable; `tasks.prompt_check`): training and
+                                 held-out rows, read once from the task (0 for procedural tasks)
   pool/*                         the async schedule's worker-pool counters (counts cumulative over
                                  resumes; tokens_per_second and live_threads of this process)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
@@ -141,6 +144,8 @@ class RunMetrics:
     self._t_start = time.monotonic()
     self._wall_offset = 0.0  # wall seconds of the runs before a resume
     self._offsets: dict[str, float] = {}  # reward/* and pool/* counts before a resume
+    self._data = {"data/skipped_rows": float(getattr(task, "skipped_rows", 0)),
+                  "data/skipped_eval_rows": float(getattr(task, "skipped_eval_rows", 0))}
 
   # Cumulative counters that continue across a resume (rates and gauges do not).
   CUMULATIVE_POOL = ("pool/requests", "pool/completions", "pool/tokens", "pool/restarts",
@@ -196,6 +201,7 @@ class RunMetrics:
     """The row of step 0: the initial policy's evaluation at zero compute."""
     row = {"policy_version": 0, **eval_metrics}
     row.update(self.sim())
+    row.update(self._data)
     row["compute_seconds"] = 0.0
     return row
 
@@ -223,4 +229,5 @@ class RunMetrics:
     row.update(self.mismatch.latest)
     row.update(self.pool_metrics())
     row.update(self._cumulative())
+    row.update(self._data)
     return row

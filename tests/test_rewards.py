@@ -2,6 +2,7 @@
 
 The process-backend reward functions live at module level: the worker process imports this module.
 """
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,17 @@ def behave(completion, answer):
     return float("nan")
   if completion == "pid":
     return float(os.getpid())
+  if completion == "spin":
+    while True:  # a CPU-bound hang (no sleep to interrupt)
+      pass
+  if completion == "alloc":
+    return float(len(bytearray(4 << 30)))  # one 4 GiB allocation (lazily zeroed: cheap if allowed)
+  if completion == "grow":
+    chunks = []
+    while True:  # touched memory, 64 MiB at a time: what a runaway sympy evaluation does
+      chunks.append(b"x" * (64 << 20))
+  if completion == "big_int":
+    return float(2 ** (2 ** 34) % 7)  # 2 GiB of digits (CPython raises MemoryError past the limit)
   return rewards.exact_match_reward(completion, answer)
 
 
@@ -71,7 +83,7 @@ def test_safe_reward_thread_backend_timeout_crash_nan():
   np.testing.assert_array_equal(scores, [1, 0, 0, 0, 0, 0])
   assert scores.dtype == np.float32
   assert safe.counts == {"reward/calls": 6, "reward/errors": 2, "reward/timeouts": 2,
-                         "reward/restarts": 2}
+                         "reward/memory_errors": 0, "reward/restarts": 2}
   assert safe("5", "5") == 1.0  # still serving after the abandoned threads
   safe.close()
 
@@ -93,9 +105,45 @@ def test_safe_reward_process_backend_survives_timeout_crash_and_death():
       os.kill(int(pid), 0)  # the timed-out worker was killed, not leaked
     assert safe("nan", "") == 0.0
     assert safe.counts == {"reward/calls": 8, "reward/errors": 3, "reward/timeouts": 1,
-                           "reward/restarts": 2}
+                           "reward/memory_errors": 0, "reward/restarts": 2}
   with pytest.raises(ProcessLookupError):
     os.kill(int(new_pid), 0)  # close() ends the worker
+
+
+def test_safe_reward_process_backend_memory_limit(caplog):
+  """A call over the worker's memory limit scores 0, is counted, and the worker is restarted; the
+  calls after it are scored as usual. Without the limit "alloc" would score 4294967296."""
+  caplog.set_level(logging.WARNING)
+  with rewards.SafeReward(behave, timeout_s=30.0, backend="process",
+                          memory_limit_gib=0.25) as safe:
+    safe.start()
+    pid = safe("pid", "")
+    scores = [safe(c, "7") for c in ("7", "alloc", "7", "grow", "big_int", "7")]
+    assert scores == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert safe.counts == {"reward/calls": 7, "reward/errors": 0, "reward/timeouts": 0,
+                           "reward/memory_errors": 3, "reward/restarts": 3}
+    assert safe("pid", "") != pid
+    with pytest.raises(ProcessLookupError):
+      os.kill(int(pid), 0)  # the worker that hit the limit was killed, not left serving
+  assert any("over its memory limit of 0.25 GiB" in r.getMessage() for r in caplog.records)
+  with rewards.SafeReward(behave, timeout_s=30.0, backend="process",
+                          memory_limit_gib=None) as unlimited:
+    assert unlimited("alloc", "") == float(4 << 30)  # the limit is what made "alloc" fail
+  with pytest.raises(ValueError, match="memory_limit_gib"):
+    rewards.SafeReward(behave, memory_limit_gib=0.0)
+
+
+def test_safe_reward_process_backend_kills_a_cpu_bound_hang():
+  with rewards.SafeReward(behave, timeout_s=1.0, backend="process") as safe:
+    safe.start()
+    pid = safe("pid", "")
+    t0 = time.perf_counter()
+    assert safe("spin", "") == 0.0
+    assert time.perf_counter() - t0 < 10.0
+    with pytest.raises(ProcessLookupError):
+      os.kill(int(pid), 0)
+    assert safe("4", "4") == 1.0  # a fresh worker serves the next call
+    assert safe.counts["reward/timeouts"] == 1 and safe.counts["reward/restarts"] == 1
 
 
 def test_safe_reward_process_backend_warmup_and_start_failures():
@@ -109,7 +157,7 @@ def test_safe_reward_process_backend_warmup_and_start_failures():
       safe.start()
     assert safe("3", "3") == 0.0  # a worker that does not start scores 0, counted as an error
     assert safe.counts == {"reward/calls": 1, "reward/errors": 1, "reward/timeouts": 0,
-                           "reward/restarts": 1}
+                           "reward/memory_errors": 0, "reward/restarts": 1}
 
 
 def test_safe_reward_rejects_unusable_functions():

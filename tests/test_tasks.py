@@ -112,7 +112,7 @@ def test_arithmetic_reward_is_exact():
   assert scores.dtype == np.float32
   np.testing.assert_array_equal(scores, [1.0, 0.0, 1.0])
   assert task.reward_metrics() == {"reward/calls": 3, "reward/errors": 0, "reward/timeouts": 0,
-                                   "reward/restarts": 0}
+                                   "reward/memory_errors": 0, "reward/restarts": 0}
   task.close()
 
 
@@ -257,6 +257,75 @@ def test_math_task_split_and_sampling(tmp_path):
   assert len(split.heldout) == 5 and len(split.train) == 35
   for t in (task, again, split):
     t.close()
+
+
+def test_math_rows_keep_their_file_and_line(tmp_path):
+  (tmp_path / "a.jsonl").write_text('\ufeff{"problem": "p1", "answer": "1"}\n\n'  # BOM, blank
+                                    '{"problem": "", "answer": "1"}\n'            # skipped row
+                                    '{"problem": "p4", "answer": "4"}\n', encoding="utf-8")
+  with open(tmp_path / "b.json", "w") as f:
+    json.dump([{"problem": "q1", "answer": "1"}, {"problem": "q2", "answer": "2"}], f)
+  problems, sources = math_data.load_math_records(str(tmp_path), template="plain")
+  assert [p.prompt for p in problems] == ["p1", "p4", "q1", "q2"]
+  assert sources == [f"{tmp_path / 'a.jsonl'}:1", f"{tmp_path / 'a.jsonl'}:4",
+                     f"{tmp_path / 'b.json'}:row 1", f"{tmp_path / 'b.json'}:row 2"]
+  task = math_data.MathTask.from_files(str(tmp_path / "a.jsonl"),
+                                       eval_path=str(tmp_path / "b.json"), template="plain")
+  assert task.train_sources == sources[:2] and task.heldout_sources == sources[2:]
+  assert (task.skipped_rows, task.skipped_eval_rows) == (0, 0)
+  task.close()
+
+
+def test_non_utf8_dataset_names_file_line_byte_offset_and_fix(tmp_path):
+  good = b'{"problem": "1+1?", "answer": "2"}\n'
+  bad = b'{"problem": "caf\xe9?", "answer": "3"}\n'  # Latin-1 e-acute
+  (tmp_path / "d.jsonl").write_bytes(good * 3 + bad + good)
+  offset = 3 * len(good) + bad.index(b"\xe9")
+  with pytest.raises(ValueError) as e:
+    math_data.load_math_dataset(str(tmp_path / "d.jsonl"))
+  msg = str(e.value)
+  assert f"d.jsonl:4: not UTF-8 at byte offset {offset} " in msg
+  assert "b'\\xe9?\"," in msg and "iconv -f latin1 -t utf-8" in msg
+  (tmp_path / "d.json").write_bytes(b"[\n" + good.rstrip() + b",\n" + bad.rstrip() + b"\n]\n")
+  offset = len(b"[\n" + good.rstrip() + b",\n") + bad.index(b"\xe9")
+  with pytest.raises(ValueError, match=rf"d.json:3: not UTF-8 at byte offset {offset} "):
+    math_data.load_math_dataset(str(tmp_path / "d.json"))
+
+
+def test_digit_range_and_num_digits_5():
+  assert arithmetic.digit_range(5) == (5, 5)
+  assert arithmetic.digit_range((5,)) == (5, 5)  # what --config.task.num_digits=5 parses to
+  assert arithmetic.digit_range([2, 4]) == (2, 4)
+  assert arithmetic.digit_range(np.int64(3)) == (3, 3)
+  for bad in (0, 19, (3, 2), (1, 2, 3), (), "5", 2.0, True, (1, 19)):
+    with pytest.raises(ValueError, match=r"expected an int n .* 1 <= lo <= hi <= 18"):
+      arithmetic.digit_range(bad)
+  for num_digits in (5, (5,)):
+    task = arithmetic.ArithmeticTask(num_digits=num_digits, ops="+-*")
+    assert task.num_digits == (5, 5)
+    for p in task.sample(np.random.default_rng(0), 50) + task.eval_set(10):
+      a, b = (int(x) for x in p.prompt[:-1].replace("*", "+").replace("-", "+").split("+"))
+      assert 10_000 <= min(a, b) and max(a, b) <= 99_999
+    task.close()
+
+
+def test_build_accepts_num_digits_5_and_names_bad_task_keys():
+  from jaxreplay import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
+  c = base_config()
+  c.task.num_digits = (5,)  # as --config.task.num_digits=5 sets it
+  build.validate_config(c)
+  task = build.make_task(c)
+  assert task.num_digits == (5, 5)
+  task.close()
+  c.task.num_digits = (0, 3)
+  c.task.max_skip_fraction = 1.5
+  c.task.reward_memory_gib = 0.0
+  with pytest.raises(ValueError) as e:
+    build.validate_config(c)
+  assert "task.num_digits=(0, 3)" in str(e.value)
+  assert "task.max_skip_fraction=1.5 must be in [0, 1]" in str(e.value)
+  assert "task.reward_memory_gib=0.0 must be > 0" in str(e.value)
 
 
 def test_make_task_errors():

@@ -37,6 +37,32 @@ def is_heldout(text: str, heldout_fraction: float, seed: int = 0) -> bool:
   return (h % 1_000_003) < heldout_fraction * 1_000_003
 
 
+MAX_DIGITS = 18  # operands stay below 10^18 (int64, and exact in numpy's integer draws)
+
+
+def digit_range(num_digits) -> tuple[int, int]:
+  """(lo, hi) digits per operand from `num_digits`: an int n (or a 1-tuple (n,), which is what
+  `--config.task.num_digits=5` parses to) -> (n, n); a pair (lo, hi) -> (lo, hi).
+
+  Raises ValueError unless 1 <= lo <= hi <= MAX_DIGITS, naming the accepted forms.
+  """
+  if isinstance(num_digits, (int, np.integer)) and not isinstance(num_digits, bool):
+    pair = (num_digits, num_digits)
+  else:
+    try:
+      pair = tuple(num_digits)
+    except TypeError:
+      pair = ()
+    if len(pair) == 1:
+      pair = (pair[0], pair[0])
+  if (len(pair) != 2 or
+      not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in pair) or
+      not 1 <= pair[0] <= pair[1] <= MAX_DIGITS):
+    raise ValueError(f"num_digits={num_digits!r}: expected an int n (operands of n digits) or a "
+                     f"pair (lo, hi) with 1 <= lo <= hi <= {MAX_DIGITS}, e.g. 5 or (1, 5)")
+  return int(pair[0]), int(pair[1])
+
+
 def carry_free_sum(a: int, b: int) -> str:
   """a + b with every carry dropped (digit-wise sums mod 10), as text: carry_free_sum(47, 38) = "75",
   carry_free_sum(57, 68) = "15". Equal to str(a + b) exactly when the addition has no carry."""
@@ -53,8 +79,8 @@ class ArithmeticTask(rewards_lib.SafeScoring):
   """Problems "a<op>b=" with each operand of `num_digits` digits (a (lo, hi) range, inclusive).
 
   Args:
-    num_digits: (min, max) digits per operand; a one-digit operand is 0..9, a d-digit one
-      10^(d-1)..10^d-1.
+    num_digits: (min, max) digits per operand, or an int n for (n, n) (`digit_range`); a one-digit
+      operand is 0..9, a d-digit one 10^(d-1)..10^d-1.
     ops: operators drawn uniformly, a subset of "+-*".
     seed: fixes the held-out split and the eval set (keep it fixed across training seeds).
     heldout_fraction: share of all problems reserved for evaluation (never sampled for training).
@@ -71,11 +97,7 @@ class ArithmeticTask(rewards_lib.SafeScoring):
   def __init__(self, num_digits: tuple[int, int] = (1, 2), ops: str = "+-", seed: int = 0,
                heldout_fraction: float = 0.1, allow_negative: bool = False,
                reward_timeout_s: float = 1.0):
-    if isinstance(num_digits, int):
-      num_digits = (num_digits, num_digits)
-    lo, hi = (int(d) for d in num_digits)
-    if not 1 <= lo <= hi <= 18:
-      raise ValueError(f"num_digits={num_digits} must be (lo, hi) with 1 <= lo <= hi <= 18")
+    lo, hi = digit_range(num_digits)
     if not ops or any(o not in _OPS for o in ops):
       raise ValueError(f"ops={ops!r} must be a non-empty subset of {_OPS!r}")
     if not 0.0 < heldout_fraction < 1.0:
@@ -99,6 +121,13 @@ class ArithmeticTask(rewards_lib.SafeScoring):
     per_operand = sum(10 if d == 1 else 9 * 10 ** (d - 1)
                       for d in range(self.num_digits[0], self.num_digits[1] + 1))
     return per_operand ** 2 * len(self.ops)
+
+  def longest_prompts(self) -> list[str]:
+    """The longest prompt of each operator (both operands of max digits, e.g. "99999+99999="): no
+    prompt of this task has more characters, so with a character tokenizer none has more tokens.
+    What `prompt_check` checks against the context instead of sampling."""
+    nines = "9" * self.num_digits[1]
+    return [self._make(int(nines), op, int(nines)).prompt for op in self.ops]
 
   def _operand(self, rng: np.random.Generator) -> int:
     d = int(rng.integers(self.num_digits[0], self.num_digits[1] + 1))

@@ -6,6 +6,7 @@ Typical sources: OpenR1-Math-220k (`problem`, `answer`), MATH / MATH-500 (`probl
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 from typing import Optional, Sequence
@@ -40,33 +41,99 @@ def _files(path: str) -> list[str]:
   return [path]
 
 
-def _read_rows(path: str) -> list[dict]:
+_FIX_ENCODING = ("the dataset must be UTF-8: re-encode the file (e.g. `iconv -f latin1 -t utf-8 "
+                 "IN > OUT` when it is Latin-1) or remove that row")
+
+
+def _utf8(raw: bytes, path: str, lineno: int, offset: int) -> str:
+  """`raw` (line `lineno` of `path`, starting at byte `offset` of the file) decoded as UTF-8; a
+  UTF-8 byte-order mark at the start of the file is dropped. Raises ValueError naming
+  file:line, the byte offset and the fix."""
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    bad = raw[e.start:e.start + 4]
+    raise ValueError(f"{path}:{lineno}: not UTF-8 at byte offset {offset + e.start} of the file "
+                     f"(byte {e.start + 1} of the line: {e.reason}, bytes {bad!r}); "
+                     f"{_FIX_ENCODING}") from None
+  return text[1:] if offset == 0 and text.startswith("\ufeff") else text
+
+
+def _read_rows(path: str) -> list[tuple[str, dict]]:
+  """(source, row) pairs of one file; source names where the row is: "path:LINE" in a JSONL file
+  (1-based line), "path:row N" in a JSON list or a parquet file (1-based row)."""
   if path.endswith(".parquet"):
     try:
       import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       raise ImportError(f"reading {path!r} needs pyarrow: `pip install pyarrow`, or convert the "
                         "file to JSONL") from e
-    return pq.read_table(path).to_pylist()
+    return [(f"{path}:row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), 1)]
   if path.endswith(".json"):
-    with open(path, encoding="utf-8") as f:
-      try:
-        data = json.load(f)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    with open(path, "rb") as f:
+      raw = f.read()
+    try:
+      text = _utf8(raw, path, 1, 0)
+    except ValueError:
+      # Name the line of the first bad byte: decode line by line up to it.
+      offset = 0
+      for lineno, line in enumerate(io.BytesIO(raw), 1):
+        _utf8(line, path, lineno, offset)
+        offset += len(line)
+      raise
+    try:
+      data = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(data, list):
       raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
-    return data
+    return [(f"{path}:row {i}", row) for i, row in enumerate(data, 1)]
   rows = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
+  offset = 0
+  with open(path, "rb") as f:
+    for lineno, raw in enumerate(f, 1):
+      line = _utf8(raw, path, lineno, offset)
+      offset += len(raw)
       if not line.strip():
         continue
       try:
-        rows.append(json.loads(line))
+        rows.append((f"{path}:{lineno}", json.loads(line)))
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
   return rows
+
+
+def load_math_records(path: str, problem_key: str = "problem", answer_key: str = "answer",
+                      template: str = "qwen_math", max_examples: Optional[int] = None
+                      ) -> tuple[list[Problem], list[str]]:
+  """(problems, sources): `load_math_dataset`'s problems and, for each, where its row is in the
+  files ("file.jsonl:LINE", or "file.parquet:row N"; see `_read_rows`), for messages that name
+  the row (`jaxreplay.tasks.prompt_check`)."""
+  fmt = PROMPT_TEMPLATES.get(template, template)
+  if "{problem}" not in fmt:
+    raise ValueError(f"template={template!r} is neither one of {sorted(PROMPT_TEMPLATES)} nor a "
+                     "format string containing '{problem}'")
+  problems: list[Problem] = []
+  sources: list[str] = []
+  for file in _files(path):
+    for source, row in _read_rows(file):
+      if not isinstance(row, dict):
+        raise ValueError(f"{source}: the row is a {type(row).__name__}, expected an object")
+      for key in (problem_key, answer_key):
+        if key not in row:
+          raise ValueError(f"{source}: the row has no field {key!r}; fields found: {sorted(row)}. "
+                           "Set problem_key / answer_key to the dataset's field names")
+      text, answer = row[problem_key], row[answer_key]
+      if text is None or answer is None or not str(text).strip() or not str(answer).strip():
+        continue
+      prompt = fmt.format(problem=str(text))
+      problems.append(Problem(prompt=prompt, answer=str(answer).strip(), id=problem_id(prompt)))
+      sources.append(source)
+      if max_examples is not None and len(problems) >= max_examples:
+        return problems, sources
+  if not problems:
+    raise ValueError(f"{path!r}: no usable rows (all problems or answers empty)")
+  return problems, sources
 
 
 def load_math_dataset(path: str, problem_key: str = "problem", answer_key: str = "answer",
@@ -75,31 +142,10 @@ def load_math_dataset(path: str, problem_key: str = "problem", answer_key: str =
   """Problems from `path` (a file, or a directory whose .jsonl/.json/.parquet files are read in
   sorted order). `prompt` = PROMPT_TEMPLATES[template] (or a custom string with "{problem}")
   applied to the `problem_key` field; `answer` = the `answer_key` field as a string.
-  Rows with an empty problem or answer are skipped.
+  Rows with an empty problem or answer are skipped. Files must be UTF-8 (an error names
+  file:line and the byte offset otherwise).
   """
-  fmt = PROMPT_TEMPLATES.get(template, template)
-  if "{problem}" not in fmt:
-    raise ValueError(f"template={template!r} is neither one of {sorted(PROMPT_TEMPLATES)} nor a "
-                     "format string containing '{problem}'")
-  problems: list[Problem] = []
-  for file in _files(path):
-    for i, row in enumerate(_read_rows(file)):
-      if not isinstance(row, dict):
-        raise ValueError(f"{file}: row {i} is a {type(row).__name__}, expected an object")
-      for key in (problem_key, answer_key):
-        if key not in row:
-          raise ValueError(f"{file}: row {i} has no field {key!r}; fields found: {sorted(row)}. "
-                           "Set problem_key / answer_key to the dataset's field names")
-      text, answer = row[problem_key], row[answer_key]
-      if text is None or answer is None or not str(text).strip() or not str(answer).strip():
-        continue
-      prompt = fmt.format(problem=str(text))
-      problems.append(Problem(prompt=prompt, answer=str(answer).strip(), id=problem_id(prompt)))
-      if max_examples is not None and len(problems) >= max_examples:
-        return problems
-  if not problems:
-    raise ValueError(f"{path!r}: no usable rows (all problems or answers empty)")
-  return problems
+  return load_math_records(path, problem_key, answer_key, template, max_examples)[0]
 
 
 def split_heldout(problems: Sequence[Problem], heldout_fraction: float = 0.05,
@@ -117,28 +163,51 @@ def split_heldout(problems: Sequence[Problem], heldout_fraction: float = 0.05,
   return train, heldout
 
 
+def _sources(sources: Optional[Sequence[str]], n: int, what: str) -> list[str]:
+  if sources is None:
+    return [f"{what} row {i}" for i in range(1, n + 1)]
+  if len(sources) != n:
+    raise ValueError(f"MathTask: {len(sources)} {what} sources for {n} {what} problems")
+  return list(sources)
+
+
 class MathTask(rewards_lib.SafeScoring):
   """A math dataset task: uniform sampling of training problems, a fixed eval set, math-verify reward.
 
   Args:
     train: training problems.
     heldout: evaluation problems (disjoint from `train`).
-    reward_timeout_s: time limit of one math-verify call.
+    reward_timeout_s: time limit of one math-verify call [s].
     num_reward_workers: reward child processes (`score_batch` spreads a batch over them).
+    reward_memory_gib: address space one math-verify call may add to its child process [GiB]
+      (`SafeReward.memory_limit_gib`; None: no limit).
+    train_sources, heldout_sources: where each problem's row is ("file.jsonl:LINE"), for messages;
+      default "train row i" / "held-out row i".
 
+  Attributes `train_sources` / `heldout_sources` follow `train` / `heldout`; `skipped_rows` /
+  `skipped_eval_rows` count the rows `prompt_check.check_task_prompts` dropped (0 until then).
   Same interface as `ArithmeticTask`.
   """
 
+  skipped_rows = 0
+  skipped_eval_rows = 0
+
   def __init__(self, train: Sequence[Problem], heldout: Sequence[Problem],
-               reward_timeout_s: float = 5.0, num_reward_workers: int = 1):
+               reward_timeout_s: float = 5.0, num_reward_workers: int = 1,
+               reward_memory_gib: Optional[float] = 2.0,
+               train_sources: Optional[Sequence[str]] = None,
+               heldout_sources: Optional[Sequence[str]] = None):
     if not train:
       raise ValueError("MathTask: no training problems")
     if not heldout:
       raise ValueError("MathTask: no held-out problems")
     self.train, self.heldout = list(train), list(heldout)
+    self.train_sources = _sources(train_sources, len(self.train), "train")
+    self.heldout_sources = _sources(heldout_sources, len(self.heldout), "held-out")
     self._safe = rewards_lib.SafeReward(
         rewards_lib.math_verify_reward, timeout_s=reward_timeout_s, backend="process",
-        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"))
+        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"),
+        memory_limit_gib=reward_memory_gib)
 
   @classmethod
   def from_files(cls, path: str, eval_path: Optional[str] = None, problem_key: str = "problem",
@@ -147,16 +216,19 @@ class MathTask(rewards_lib.SafeScoring):
                  max_examples: Optional[int] = None, **kwargs) -> "MathTask":
     """Training data from `path`; the held-out set from `eval_path` (e.g. MATH-500), or a hashed
     `heldout_fraction` of `path` when `eval_path` is None."""
-    problems = load_math_dataset(path, problem_key, answer_key, template, max_examples)
+    problems, sources = load_math_records(path, problem_key, answer_key, template, max_examples)
+    source_of = {id(p): src for p, src in zip(problems, sources)}
     if eval_path is None:
       train, heldout = split_heldout(problems, heldout_fraction, seed)
+      heldout_sources = [source_of[id(p)] for p in heldout]
     else:
-      heldout = load_math_dataset(eval_path, problem_key, answer_key, template)
+      heldout, heldout_sources = load_math_records(eval_path, problem_key, answer_key, template)
       held = {p.prompt for p in heldout}
       train = [p for p in problems if p.prompt not in held]  # keep the eval set unseen
       if not train:
         raise ValueError(f"every problem of {path!r} is also in {eval_path!r}")
-    return cls(train, heldout, **kwargs)
+    return cls(train, heldout, train_sources=[source_of[id(p)] for p in train],
+               heldout_sources=heldout_sources, **kwargs)
 
   @property
   def charset(self) -> str:

@@ -1,12 +1,17 @@
 """Rewards: exact match, math-verify equivalence, and `SafeReward`, a time-limited runner.
 
-A reward must never kill the run: `SafeReward` scores a crash, a timeout, a non-finite value or a
-dead worker as 0 and counts it ("reward/calls", "reward/errors", "reward/timeouts",
-"reward/restarts"). math-verify's own timeouts use SIGALRM, which only works in the main thread, and
-our rollout workers score from other threads, so we call it with its timeouts off and enforce the
-limit here: in a persistent child process that is killed and restarted on timeout (backend
-"process", for sympy-heavy rewards), or in a daemon thread that is abandoned on timeout (backend
-"thread", for cheap rewards such as exact match, where a hang cannot be interrupted but is cut off).
+A reward must never kill the run: `SafeReward` scores a crash, a timeout, a non-finite value, a call
+over its memory limit or a dead worker as 0 and counts it ("reward/calls", "reward/errors",
+"reward/timeouts", "reward/memory_errors", "reward/restarts"). math-verify's own timeouts use
+SIGALRM, which only works in the main thread, and our rollout workers score from other threads, so
+we call it with its timeouts off and enforce the limit here: in a persistent child process that is
+killed and restarted on timeout (backend "process", for sympy-heavy rewards), or in a daemon thread
+that is abandoned on timeout (backend "thread", for cheap rewards such as exact match, where a hang
+cannot be interrupted but is cut off). A process worker also has an address-space limit
+(RLIMIT_AS, `memory_limit_gib` beyond its size after start-up): a call that needs more (e.g. a
+huge integer power such as "2^{2^{34}}") stops growing there, scores 0 and, when the MemoryError
+reaches us, the worker is restarted (math-verify catches some MemoryErrors itself and just
+answers 0), instead of growing until the machine swaps.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import logging
 import math
 import pickle
 import queue
+import resource
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -64,20 +70,54 @@ def math_verify_reward(completion: str, answer: str) -> float:
 
 # ---- worker slots: one call at a time, with a deadline ---------------------------------------
 
+_GIB = 1 << 30
+
+
+def _address_space_bytes() -> Optional[int]:
+  """This process's virtual address space [bytes] (VmSize of /proc/self/status); None off Linux."""
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmSize:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def limit_address_space(extra_bytes: int) -> int:
+  """Caps this process's address space (RLIMIT_AS, soft limit) at its current size plus
+  `extra_bytes`; returns the limit [bytes]. Allocations beyond it fail: Python raises MemoryError.
+  Meant for a child process (a reward worker); never call it in the trainer."""
+  base = _address_space_bytes() or 0
+  _, hard = resource.getrlimit(resource.RLIMIT_AS)
+  limit = base + int(extra_bytes)
+  if hard != resource.RLIM_INFINITY:
+    limit = min(limit, hard)
+  resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+  return limit
+
+
 class _RewardServer:
   """What a reward child process serves: `score(*args)` -> float(fn(*args)).
 
   The warm-up call runs at start-up: first-call imports (sympy, ...) must not eat a scored call's
-  time limit. Its errors are ignored (the scored calls report theirs).
+  time limit. Its errors are ignored (the scored calls report theirs). Then, with
+  `memory_limit_bytes`, the process's address space is capped at its size after the warm-up plus
+  that much (`limit_address_space`): the interpreter, its imports and thread stacks (whose size
+  varies from machine to machine) are not counted against a call.
   """
 
-  def __init__(self, fn: Callable[..., float], warmup_args: Optional[tuple]):
+  def __init__(self, fn: Callable[..., float], warmup_args: Optional[tuple],
+               memory_limit_bytes: Optional[int] = None):
     self._fn = fn
     if warmup_args is not None:
       try:
         fn(*warmup_args)
       except Exception:  # pylint: disable=broad-except
         pass
+    self.address_space_limit = (None if memory_limit_bytes is None
+                                else limit_address_space(memory_limit_bytes))
 
   def score(self, *args) -> float:
     return float(self._fn(*args))
@@ -85,12 +125,12 @@ class _RewardServer:
 
 class _ProcessSlot:
   """A persistent child process running `fn` (a `ChildProcess`, see there why not multiprocessing);
-  killed on timeout or death, restarted on the next call. Calls answer (status, value) with status
-  "ok", "error" or "timeout"."""
+  killed on timeout, death or a MemoryError (its heap may be left fragmented), restarted on the next
+  call. Calls answer (status, value) with status "ok", "error", "timeout" or "memory"."""
 
   def __init__(self, fn: Callable[..., float], warmup_args: Optional[tuple],
-               start_timeout_s: float):
-    self._args = (fn, warmup_args)
+               start_timeout_s: float, memory_limit_bytes: Optional[int] = None):
+    self._args = (fn, warmup_args, memory_limit_bytes)
     self._start_timeout_s = start_timeout_s
     self._child: Optional[ChildProcess] = None
     self.starts = 0
@@ -122,6 +162,9 @@ class _ProcessSlot:
     except ChildDied as e:
       self.kill()
       return "error", str(e)
+    except MemoryError as e:  # raised by fn in the child, over its address-space limit
+      self.kill()
+      return "memory", str(e).split("\n", 1)[0][:200] or "MemoryError"
     except Exception as e:  # pylint: disable=broad-except
       return "error", repr(e)[:500]  # raised by fn in the child: the child keeps serving
 
@@ -184,15 +227,22 @@ class SafeReward:
     num_workers: parallel slots; `score_batch` spreads a batch over them.
     warmup_args: arguments of one call each new worker process makes before accepting work.
     start_timeout_s: how long a starting child process may take.
+    memory_limit_gib: backend "process": address space a call may add to its worker [GiB] (an
+      RLIMIT_AS of the worker's size after start-up plus this); a call over it scores 0, counts in
+      "reward/memory_errors" and the worker is restarted. None: no limit. Ignored by backend
+      "thread" (a limit there would cap the whole trainer process).
 
   Thread-safe: several rollout threads may score at once (each call takes a free slot).
   """
 
   def __init__(self, fn: Callable[..., float], timeout_s: float = 5.0, backend: str = "process",
                num_workers: int = 1, warmup_args: Optional[tuple] = None,
-               start_timeout_s: float = 120.0):
+               start_timeout_s: float = 120.0, memory_limit_gib: Optional[float] = 2.0):
     if timeout_s <= 0:
       raise ValueError(f"timeout_s={timeout_s} must be > 0")
+    if memory_limit_gib is not None and not memory_limit_gib > 0:
+      raise ValueError(f"memory_limit_gib={memory_limit_gib} must be > 0 [GiB] (None: no limit)")
+    memory_limit_bytes = None if memory_limit_gib is None else int(memory_limit_gib * _GIB)
     if num_workers < 1:
       raise ValueError(f"num_workers={num_workers} must be >= 1")
     if backend == "process":
@@ -204,23 +254,26 @@ class SafeReward:
       except Exception as e:  # pylint: disable=broad-except
         raise ValueError(f"backend='process' needs a picklable reward function (module-level), "
                          f"got {fn!r}: {e}; or use backend='thread'") from e
-      self._slots = [_ProcessSlot(fn, warmup_args, start_timeout_s) for _ in range(num_workers)]
+      self._slots = [_ProcessSlot(fn, warmup_args, start_timeout_s, memory_limit_bytes)
+                     for _ in range(num_workers)]
     elif backend == "thread":
       self._slots = [_ThreadSlot(fn) for _ in range(num_workers)]
     else:
       raise ValueError(f"backend={backend!r}; expected 'process' or 'thread'")
     self.fn, self.timeout_s, self.backend, self.num_workers = fn, timeout_s, backend, num_workers
+    self.memory_limit_gib = memory_limit_gib if backend == "process" else None
     self._free: queue.Queue = queue.Queue()
     for slot in self._slots:
       self._free.put(slot)
     self._lock = threading.Lock()
-    self._counts = {"reward/calls": 0, "reward/errors": 0, "reward/timeouts": 0}
+    self._counts = {"reward/calls": 0, "reward/errors": 0, "reward/timeouts": 0,
+                    "reward/memory_errors": 0}
     self._dispatch = (concurrent.futures.ThreadPoolExecutor(num_workers, "reward-dispatch")
                       if num_workers > 1 else None)
     self._closed = False
 
   def __call__(self, *args) -> float:
-    """The reward of one call; 0.0 on error, timeout or a non-finite value."""
+    """The reward of one call; 0.0 on error, timeout, memory limit or a non-finite value."""
     if self._closed:
       raise RuntimeError("SafeReward is closed")
     slot = self._free.get()
@@ -234,13 +287,21 @@ class SafeReward:
       self._counts["reward/calls"] += 1
       if status == "timeout":
         self._counts["reward/timeouts"] += 1
+      elif status == "memory":
+        self._counts["reward/memory_errors"] += 1
       elif status != "ok":
         self._counts["reward/errors"] += 1
     if status == "ok":
       return value
+    name = getattr(self.fn, "__name__", "fn")
+    if status == "memory":  # rare (each restarts a worker), so never rate-limited
+      absl_logging.warning("reward %s scored 0: over its memory limit of %s GiB (%s); its worker "
+                           "is restarted (a run sets the limit with task.reward_memory_gib)", name,
+                           self.memory_limit_gib, value)
+      return 0.0
     absl_logging.log_every_n_seconds(
-        absl_logging.WARNING, "reward %s scored 0 (%s): %s", 30, getattr(self.fn, "__name__", "fn"),
-        status, value if status != "timeout" else f"over {self.timeout_s} s")
+        absl_logging.WARNING, "reward %s scored 0 (%s): %s", 30, name, status,
+        value if status != "timeout" else f"over {self.timeout_s} s")
     return 0.0
 
   def score_batch(self, completions: Sequence[str], targets: Sequence[Any]) -> np.ndarray:
@@ -262,7 +323,8 @@ class SafeReward:
 
   @property
   def counts(self) -> dict[str, int]:
-    """Cumulative counters: calls, errors, timeouts, and worker restarts (beyond the first start)."""
+    """Cumulative counters: calls, errors, timeouts, calls over the memory limit, and worker
+    restarts (beyond the first start)."""
     with self._lock:
       counts = dict(self._counts)
     counts["reward/restarts"] = sum(max(s.starts - 1, 0) for s in self._slots)
