@@ -57,8 +57,7 @@ def main(argv):
   from jaxreplay import pipeline  # pylint: disable=g-import-not-at-top
   from jaxreplay import safety  # pylint: disable=g-import-not-at-top
   stop_errors = (safety.WorkdirBusy, safety.NonFiniteUpdates,
-                 *(getattr(checkpoint, n) for n in ("NoRestorableCheckpoint", "CheckpointSaveError")
-                   if hasattr(checkpoint, n)))  # TEMP until checkpoint errors land
+                 checkpoint.NoRestorableCheckpoint, checkpoint.CheckpointSaveError)
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   logging.info("workdir: %s", workdir)
   try:
