@@ -8,8 +8,9 @@ nothing bad on disk:
   a second run on a busy workdir (refused, exit 3; the first run is not disturbed),
   a corrupted newest checkpoint (detected, moved aside, the previous one resumed),
   non-finite updates (lr=1e30: skipped, then the run stops, exit 3; no NaN is ever saved).
-Bad data rows and rewards that hang or eat memory are covered in test_prompt_check.py and
-test_rewards.py.
+  an over-long dataset row (dropped at load, named file:line, counted; no crash, no crash loop on
+  resume).
+Rewards that hang or eat memory are covered in test_rewards.py (the reward child's limits).
 """
 import os
 import shutil
@@ -17,11 +18,13 @@ import signal
 import time
 
 import chex
+import json
+import random
 import pytest
 
 from jaxreplay import checkpoint as checkpoint_lib
 from jaxreplay import trainer
-from tiny_runs import comparable, read_rows, run_launch, start
+from tiny_runs import SFT, comparable, read_rows, run_launch, start
 
 pytestmark = pytest.mark.slow
 
@@ -152,3 +155,27 @@ def test_nonfinite_updates_stop_the_run_and_nothing_nonfinite_is_saved(tmp_path)
   for step in steps:  # ... and every one of them holds finite parameters
     state, _ = _host_state(workdir, step)
     assert trainer.all_finite(state["params"]), step
+
+
+def test_an_over_long_dataset_row_is_dropped_not_crashed_on(tmp_path):
+  """Before: the row crashed the run when first sampled, and every resume (the pending prompt is
+  handed out first). Now it is dropped at load, named by file:line, and counted."""
+  data = tmp_path / "train.jsonl"
+  rng = random.Random(0)
+  with open(data, "w") as f:
+    for i in range(300):
+      if i == 57:  # line 58: 161 tokens > model.max_len 32 - rollout.max_tokens 6
+        f.write(json.dumps({"problem": "+".join(["1"] * 80) + "=", "answer": "80"}) + "\n")
+      else:
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        f.write(json.dumps({"problem": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+  workdir = str(tmp_path / "math")
+  args = ("--config.task.name=math", f"--config.task.path={data}", "--config.task.template=plain",
+          f"--config.model.path={SFT}", "--config.trainer.schedule=constant")
+  out = run_launch(workdir, *args, "--config.total_steps=2")
+  assert "dropped 1 of 284 training rows" in out.stderr and f"{data}:58 (161 tokens)" in out.stderr
+  out = run_launch(workdir, *args, "--config.total_steps=4")  # a resume meets no dropped row
+  assert "resumed at step 2" in out.stderr
+  rows = read_rows(workdir)
+  assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+  assert all(r["data/skipped_rows"] == 1.0 for r in rows) and rows[-1]["reward/calls"] > 0

@@ -192,7 +192,8 @@ def test_run_metrics_report_the_skipped_rows():
   assert c.task.max_skip_fraction == 0.01 and c.task.reward_memory_gib == 2.0
 
 
-def test_checking_10k_rows_takes_about_a_second(tmp_path, codec):
+def test_10k_rows_that_fit_are_all_kept(tmp_path, codec):
+  """(Its time is printed, not asserted: ~1-2 s for 10k rows on this 2-core machine.)"""
   rows = [{"problem": f"What is {i} + {2 * i} + {3 * i}?" * 3, "answer": str(6 * i)}
           for i in range(10_000)]
   task = _math_task(tmp_path, rows, [_problem(i) for i in range(100_000, 100_050)])
@@ -200,6 +201,5 @@ def test_checking_10k_rows_takes_about_a_second(tmp_path, codec):
   prompt_check.check_task_prompts(task, codec, prompt_check.Context(400, 100))
   seconds = time.perf_counter() - t0
   print(f"\nchecked {len(task.train) + len(task.heldout)} prompts in {seconds:.2f} s")
-  assert len(task.train) == 10_000
-  assert seconds < 30.0  # ~0.5-1 s on one core; loose for a busy shared CI machine
+  assert len(task.train) == 10_000 and task.skipped_rows == 0
   task.close()
