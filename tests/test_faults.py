@@ -119,10 +119,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused(tmp_path):
   finally:
     first.send_signal(signal.SIGKILL)
     first.wait()
-  # The killed run's lock does not block a resume of it.
-  out = run_launch(workdir, "--config.total_steps=60", "--config.compute_budget=1",
-                   "--config.trainer.schedule=constant")
-  assert "in use" not in out.stderr
+  # (A lock left by a killed run is taken over: tests/test_safety.py.)
 
 
 def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, tiny_reference_run):
@@ -172,10 +169,10 @@ def test_an_over_long_dataset_row_is_dropped_not_crashed_on(tmp_path):
   workdir = str(tmp_path / "math")
   args = ("--config.task.name=math", f"--config.task.path={data}", "--config.task.template=plain",
           f"--config.model.path={SFT}", "--config.trainer.schedule=constant")
-  out = run_launch(workdir, *args, "--config.total_steps=2")
+  out = run_launch(workdir, *args, "--config.total_steps=1")
   assert "dropped 1 of 284 training rows" in out.stderr and f"{data}:58 (161 tokens)" in out.stderr
-  out = run_launch(workdir, *args, "--config.total_steps=4")  # a resume meets no dropped row
-  assert "resumed at step 2" in out.stderr
+  out = run_launch(workdir, *args, "--config.total_steps=3")  # a resume meets no dropped row
+  assert "resumed at step 1" in out.stderr
   rows = read_rows(workdir)
-  assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+  assert [r["step"] for r in rows] == [0, 1, 2, 3]
   assert all(r["data/skipped_rows"] == 1.0 for r in rows) and rows[-1]["reward/calls"] > 0
