@@ -222,7 +222,9 @@ class Checkpointer:
 
   # -- queries --
   def all_steps(self) -> list[int]:
-    """Steps of complete checkpoints, ascending (a save still in flight is not listed)."""
+    """Steps of checkpoints, ascending. orbax lists a step as soon as its save starts (while it is
+    still being written; `wait()` first for committed steps only); `Pipeline.checkpoint` relies on
+    that to skip a step whose save is in flight."""
     return sorted(int(s) for s in self._manager.all_steps())
 
   def latest_step(self) -> Optional[int]:
@@ -364,9 +366,11 @@ class Checkpointer:
       damaged.append((step, reason))
     listing = "\n".join(f"  step {s}: {why}" for s, why in damaged)
     raise NoRestorableCheckpoint(
-        f"no restorable checkpoint in {self.directory}: every step is damaged\n{listing}\n"
-        f"Fix: delete {self.directory} (the run restarts from step 0 there) or start a new "
-        "workdir.")
+        f"no restorable checkpoint in {self.directory}: no step could be verified and restored\n"
+        f"{listing}\nIf the files are intact (no sha256 mismatch above), the config may not match "
+        "the one that wrote them (model size, optimizer, mesh): resume with that config. "
+        f"Otherwise move {self.directory} aside (e.g. to {self.directory}.bad; the run then "
+        "restarts from step 0) or start a new workdir.")
 
   def _check(self, step: int) -> tuple[Optional[str], bool]:
     """(None or why step is damaged, whether a manifest verified it); decided by process 0."""

@@ -102,7 +102,11 @@ def _exit_when_orphaned(parent_pid: int, poll_s: float = 0.5) -> threading.Threa
 
 def _serve(read_fd: int, write_fd: int) -> None:
   """The child's main: build the object, then answer requests until told to close or orphaned."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+  # Ctrl-C and a SIGTERM sent to the whole process group (SLURM preemption, scancel) are the
+  # parent's to handle: it stops after its step and closes this child. The child still ends on
+  # pipe EOF, on its parent's death (the watchdog) and on `kill()` (SIGKILL).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   _exit_when_orphaned(os.getppid())
   inp = mp_connection.Connection(read_fd, writable=False)
   out = mp_connection.Connection(write_fd, readable=False)
@@ -152,7 +156,7 @@ class ChildProcess:
 
   One call at a time (a lock). The child inherits this process's environment plus `env` (set before
   the interpreter starts, so before anything is imported), stdout and stderr, and gets the package
-  on PYTHONPATH and this process's `sys.path`. It ignores SIGINT. A child that dies (crash, kill,
+  on PYTHONPATH and this process's `sys.path`. It ignores SIGINT and SIGTERM. A child that dies (crash, kill,
   pipe EOF) makes the call raise `ChildDied`; the object is then unusable (make a new one).
 
   Args:

@@ -164,6 +164,9 @@ class Intake:
     self._in_flight = 0
     self._fresh_rewards: list[np.ndarray] = []
     self._lock = threading.Lock()
+    # Held while a delivery lands (buffer, prompts, fresh rewards) and while a checkpoint reads
+    # them, so a snapshot never holds a delivery's rollouts without its prompts or the reverse.
+    self.snapshot_lock = threading.Lock()
 
   @property
   def in_flight(self) -> int:
@@ -196,10 +199,11 @@ class Intake:
         self.next_group_id += len(groups)
       rollouts, rewards = groups_to_rollouts(groups, [p for _, p in items], self.task, self.codec,
                                              self.advantage_fn, ids)
-      self.buffer.add(rollouts)
-      self.prompts.delivered([i for i, _ in items])
-      with self._lock:
-        self._fresh_rewards.append(rewards.reshape(-1))
+      with self.snapshot_lock:
+        self.buffer.add(rollouts)
+        self.prompts.delivered([i for i, _ in items])
+        with self._lock:
+          self._fresh_rewards.append(rewards.reshape(-1))
     finally:
       with self._lock:
         self._in_flight -= self.request_rollouts

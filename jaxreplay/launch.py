@@ -70,7 +70,9 @@ def main(argv):
     logging.info("stopped by %s at step %d after saving a checkpoint; rerun the same command to "
                  "resume", summary["stopped_by"], summary["step"])
     logging.flush()
-    sys.exit(128 + signal.Signals[summary["stopped_by"]].value)
+    by = summary["stopped_by"]  # a signal's name, or a stop decided on another trainer process
+    sys.exit(128 + (signal.Signals[by].value if by in signal.Signals.__members__
+                    else signal.SIGTERM.value))
   logging.info("finished: %s", summary)
 
 

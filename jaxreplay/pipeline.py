@@ -63,6 +63,8 @@ class Pipeline:
     self.weights: Optional[Weights] = None
     self.last_eval: dict[str, float] = {}
     self.finished = self.step >= parts.config.total_steps
+    self.stopped = False  # a stop signal, honoured at a step's end (agreed by all processes)
+    self._compute_at_step_end = 0.0  # the compute axis when the last step ended
     self._grid = sorted(float(x) for x in parts.config.eval.compute_grid)
     self._grid_next = 0  # index of the next compute-grid point to evaluate at
     self._passk_grid = {float(x) for x in parts.config.eval.passk_grid}
@@ -77,9 +79,10 @@ class Pipeline:
     return self.step
 
   def done(self) -> bool:
-    return self.finished or self.stop_requested()
+    return self.finished or self.stopped
 
   def stop_requested(self) -> bool:
+    """Whether a stop signal reached this process (it takes effect at the next step's end)."""
     return self.stop is not None and self.stop.requested is not None
 
   def latest_weights(self) -> Weights:
@@ -127,9 +130,21 @@ class Pipeline:
     return StepResult(self.step, step_metrics, tuple(rollouts))
 
   def _end_of_step(self) -> None:
-    """Decides at the end of each step (once) whether it is the run's last one."""
+    """Decides at the end of each step (once) whether it is the run's last one, and whether a stop
+    signal ends the run here. A stop takes effect only at a step's end, so its checkpoint holds the
+    same kind of state as a periodic one; with several trainer processes they agree on it (one
+    allgather), so all of them stop after the same step."""
+    self._compute_at_step_end = self.parts.metrics.compute_seconds()
+    self._decide_finished(self._compute_at_step_end)
+    stop = self.stop_requested()
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      stop = bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
+    self.stopped = stop and not self.finished
+
+  def _decide_finished(self, compute: float) -> None:
     c = self.config
-    budget_spent = c.compute_budget > 0 and self.parts.metrics.compute_seconds() >= c.compute_budget
+    budget_spent = c.compute_budget > 0 and compute >= c.compute_budget
     self.finished = self.step >= c.total_steps or budget_spent
 
   def publish_if_due(self, result: StepResult) -> Optional[Weights]:
@@ -189,11 +204,15 @@ class Pipeline:
 
   def host_state(self) -> dict[str, Any]:
     p = self.parts
-    host = {"buffer": p.buffer.state_dict(), **self.intake.state_dict(),
+    with self.intake.snapshot_lock:  # the async workers' deliveries wait for this snapshot
+      buffer_state, intake_state = p.buffer.state_dict(), self.intake.state_dict()
+    host = {"buffer": buffer_state, **intake_state,
             "accountant": p.accountant.state_dict(), "sim": dataclasses.asdict(p.sim_state),
             "published_version": self.weights.version,
             "eval_calls": p.eval_sampler.call_count, "counters": p.metrics.counters(),
-            "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total}}
+            "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
+            "eval_grid": {"next": self._grid_next,
+                          "compute_at_step_end": self._compute_at_step_end}}
     if hasattr(self.scheduler, "state_dict"):
       host["scheduler"] = self.scheduler.state_dict()
     return host
@@ -239,6 +258,9 @@ class Pipeline:
     if "nonfinite" in host:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])
+    if "eval_grid" in host:
+      self._grid_next = int(host["eval_grid"]["next"])
+      self._compute_at_step_end = float(host["eval_grid"]["compute_at_step_end"])
 
   def resume(self) -> None:
     """Restores the host state of a resumed run and decides whether it has finished already."""
@@ -248,10 +270,13 @@ class Pipeline:
       logging.info("resumed at step %d (buffer %d rollouts)", self.step, len(p.buffer))
     if c.scheduler.reference_tokens > 0:
       p.sim_state.reference_tokens = float(c.scheduler.reference_tokens)
-    compute = p.metrics.compute_seconds()
-    self._grid_next = sum(1 for x in self._grid if x <= compute)  # the evaluated ones
+    if p.resumed_host is not None and "eval_grid" in p.resumed_host:
+      compute = self._compute_at_step_end  # saved: the async schedule's compute moves on after it
+    else:  # a fresh run, or a checkpoint from before the eval_grid key
+      compute = p.metrics.compute_seconds()
+      self._grid_next = sum(1 for x in self._grid if x <= compute)  # the evaluated ones
     if self.step > 0:
-      self._end_of_step()
+      self._decide_finished(compute)
 
   def start(self) -> None:
     """Publishes the first weights and evaluates the initial policy (step 0)."""
@@ -265,15 +290,13 @@ class Pipeline:
 
   def summary(self) -> dict[str, Any]:
     out = {"step": self.step, **{k: v for k, v in self.last_eval.items() if k.startswith("eval/")}}
-    if self.stop_requested() and not self.finished:
-      out["stopped_by"] = self.stop.requested
+    if self.stopped and not self.finished:
+      out["stopped_by"] = self.stop.requested or "a stop on another trainer process"
     return out
 
   def stop_now(self) -> None:
-    """After a stop signal: the current step's checkpoint (unless saved already), so a rerun of the
-    same command resumes exactly here."""
-    if self.weights is None:  # stopped before the first step: nothing new to save
-      return
+    """After a stop signal, at a step's end: that step's checkpoint (unless saved already), so a
+    rerun of the same command resumes exactly here."""
     logging.info("stopping at step %d (%s): saving a checkpoint", self.step, self.stop.requested)
     self.checkpoint()
 
@@ -310,7 +333,9 @@ def check_resume_compatible(config, workdir: str) -> None:
   """Changes between the run that wrote `workdir` and this one that would silently change the
   training: a cosine schedule's total_steps or warmup (the learning rate would jump)."""
   path = os.path.join(workdir, "run_config.json")
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")) or not os.path.isfile(path):
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  committed = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
+  if not committed or not os.path.isfile(path):  # nothing to resume: any horizon is fine
     return
   try:
     with open(path) as f:
@@ -353,16 +378,19 @@ def run(config, workdir: str) -> dict[str, Any]:
     scheduler = make_scheduler(parts)
     pipeline.scheduler = scheduler
     if parts.resumed_host is not None and "scheduler" in parts.resumed_host:
-      scheduler.load_state_dict(parts.resumed_host["scheduler"])
+      if hasattr(scheduler, "load_state_dict"):
+        scheduler.load_state_dict(parts.resumed_host["scheduler"])
+      else:  # a simulated run resumed under another schedule: its in-flight prompts are re-issued
+        logging.info("the checkpoint's in-flight simulated requests are generated again under "
+                     "scheduler.kind=%r", config.scheduler.kind)
     pipeline.resume()
     if pipeline.finished:
       logging.info("nothing to do: the run in %s finished at step %d (total_steps %d, "
                    "compute_budget %g)", workdir, pipeline.step, config.total_steps,
                    config.compute_budget)
       return pipeline.summary()
-    if not pipeline.stop_requested():
-      pipeline.start()
-      scheduler.run(pipeline)
-    if pipeline.stop_requested() and not pipeline.finished:
+    pipeline.start()
+    scheduler.run(pipeline)
+    if pipeline.stopped and not pipeline.finished:
       pipeline.stop_now()
   return pipeline.summary()

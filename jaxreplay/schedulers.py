@@ -209,9 +209,11 @@ class SimulatedScheduler:
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Restores `state_dict()`; the requests are rebuilt through the intake when `run` starts."""
     workers = list(state["workers"])
-    if len(workers) != self.num_workers:
-      raise ValueError(f"the checkpoint holds {len(workers)} simulated workers' requests; this run "
-                       f"has rollout.num_workers={self.num_workers}: resume with the same W")
+    if len(workers) != self.num_workers:  # another W: its requests are generated again
+      logging.warning("the checkpoint holds %d simulated workers' requests and this run has "
+                      "rollout.num_workers=%d: their prompts are generated again (the resumed run "
+                      "is not the uninterrupted one)", len(workers), self.num_workers)
+      return
     self._restored = workers
 
   def run(self, hooks: Hooks) -> None:
@@ -224,10 +226,20 @@ class SimulatedScheduler:
 
   def _restore(self, hooks: Hooks) -> None:
     for i, w in enumerate(self._restored or ()):
-      if w is not None:
-        batch = hooks.intake.restore_request(w["indices"])
-        self._request[i] = (batch, [decode_group(g) for g in w["groups"]])
-        self._done_at[i] = float(w["done_at"])
+      if w is None:
+        continue
+      batch = hooks.intake.restore_request(w["indices"])
+      groups = [decode_group(g) for g in w["groups"]]
+      if len(groups) != len(batch.prompts) or not all(
+          np.array_equal(g.prompt_tokens, p) for g, p in zip(groups, batch.prompts)):
+        # The prompt behind an index changed (other data, tokenizer or length limits): scoring
+        # the saved completions against it would be wrong. Generate these prompts again.
+        hooks.intake.dropped(batch, RuntimeError(
+            "the saved in-flight request's prompts differ from this run's prompts at the same "
+            "indices (dataset, tokenizer or length limits changed since the checkpoint)"))
+        continue
+      self._request[i] = (batch, groups)
+      self._done_at[i] = float(w["done_at"])
     self._restored = None
 
   def _deliver_due(self, hooks: Hooks) -> None:
@@ -246,8 +258,6 @@ class SimulatedScheduler:
     self._restore(hooks)
     self._deliver_due(hooks)  # a checkpoint is taken at a step's end, before that time's deliveries
     while True:
-      if trainer_done_at is None and hooks.done():
-        return  # a stop was requested between steps (a finished run returns after its last step)
       # 1. Start work: idle workers by index, then the trainer.
       for i in range(self.num_workers):
         batch = hooks.intake.next_request() if worker_done_at[i] is None else None

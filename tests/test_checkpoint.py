@@ -364,11 +364,12 @@ def test_all_damaged_raises_and_moves_nothing(tmp_path):
       ckpt.restore_latest_valid(abstract_state=_tree(0))
     assert ckpt.all_steps() == [1, 2]
   msg = str(info.value)
-  assert msg.startswith(f"no restorable checkpoint in {d}: every step is damaged\n")
+  assert msg.startswith(f"no restorable checkpoint in {d}: no step could be verified and restored\n")
   lines = msg.splitlines()
   assert lines[1].startswith("  step 2: state/") and "bytes, the manifest says" in lines[1]
   assert lines[2] == "  step 1: state/_METADATA missing"
-  assert lines[3].startswith(f"Fix: delete {d} ") and "new workdir" in lines[3]
+  assert lines[3].startswith("If the files are intact") and f"move {d} aside" in lines[3]
+  assert "new workdir" in lines[3] and "delete" not in lines[3]
   assert not os.path.exists(d + ".damaged")
 
 

@@ -89,6 +89,7 @@ def test_call_round_trip_close_and_sigint(child):
   assert child.call("pid") == child.pid
   assert child.startup_seconds > 0
   os.kill(child.pid, signal.SIGINT)  # Ctrl-C is the parent's: the child ignores it
+  os.kill(child.pid, signal.SIGTERM)  # so is a SIGTERM to the process group (preemption)
   time.sleep(0.2)
   assert child.call("add", (1,), timeout_s=30) == 11
   pid = child.pid

@@ -1,5 +1,6 @@
 """Tests of the rollout worker pool: version tags, refresh between requests, worker death and
 replacement, bounded stop, and a pool of real JAX samplers refreshed through WeightPublisher."""
+import fcntl
 import itertools
 import os
 import subprocess
@@ -377,6 +378,13 @@ def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   mine.mkdir()
   other = tmp_path / "jaxreplay-notapid-x"
   other.mkdir()
+  # A live publisher whose pid is dead in this namespace (another container): its flock counts.
+  elsewhere = tmp_path / f"jaxreplay-{dead.pid}-live"
+  elsewhere.mkdir()
+  fd = os.open(str(elsewhere / weight_sync.OWNER_FILE), os.O_RDWR | os.O_CREAT)
+  fcntl.flock(fd, fcntl.LOCK_SH)  # as a publisher holds it
   removed = weight_sync.remove_stale_roots(str(tmp_path))
-  assert removed == [str(stale)]
+  assert removed == [str(stale)] and elsewhere.exists()
   assert not stale.exists() and live.exists() and mine.exists() and other.exists()
+  os.close(fd)  # its publisher closed or died: stale now
+  assert weight_sync.remove_stale_roots(str(tmp_path)) == [str(elsewhere)]

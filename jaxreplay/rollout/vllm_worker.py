@@ -47,10 +47,12 @@ _DEFAULT_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU.
     "VLLM_LOGGING_LEVEL": "WARNING",
-    # vLLM's CPU kernels announce their NUMA memory binding through torch's C++ warning channel at
-    # every engine start; nothing else in the engine process uses that channel during a run.
-    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
+# CPU only (no NVIDIA device nodes): vLLM's CPU kernels announce their NUMA memory binding through
+# torch's C++ warning channel at every engine start; nothing else in a CPU engine process uses that
+# channel during a run. On GPU the channel carries real warnings (NCCL...) and is left alone.
+if not os.path.exists("/dev/nvidiactl"):
+  _DEFAULT_ENV["TORCH_CPP_LOG_LEVEL"] = "ERROR"
 # Start-up warnings that say nothing about this use of vLLM: (logger, message start, why benign).
 _BENIGN_STARTUP = (
     ("vllm.renderers.base", "Chat template warmup failed",

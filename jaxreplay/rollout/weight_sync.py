@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import fcntl
 import os
 import shutil
 import tempfile
@@ -40,6 +41,25 @@ class PublishRecord:
     return self.transfer_seconds + self.write_seconds
 
 
+OWNER_FILE = ".owner"  # flock-ed by the publisher for its life: a free lock means a dead owner
+
+
+def _owner_alive(path: str) -> bool:
+  """Whether the publisher of root `path` still runs: it holds an flock on path/.owner for its
+  life (works across PID namespaces sharing /dev/shm, e.g. containers with --ipc=host)."""
+  try:
+    fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY)
+  except FileNotFoundError:
+    return None  # a root written before owner files: decided by its pid
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return False  # nobody holds it
+  except OSError:
+    return True
+  finally:
+    os.close(fd)
+
+
 def _pid_alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)
@@ -51,9 +71,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_roots(parent: str) -> list[str]:
-  """Deletes `parent/jaxreplay-<pid>-*` directories whose process is dead (a run killed with -9
+  """Deletes `parent/jaxreplay-<pid>-*` directories whose publisher is dead (a run killed with -9
   never reaches its exit handler, and /dev/shm is RAM); returns the removed paths. Directories of
-  live processes (other runs on this machine) are kept."""
+  live publishers (other runs on this machine, or in other containers sharing /dev/shm) are kept:
+  liveness is the flock on their `.owner` file, not the pid, which another PID namespace reuses."""
   removed = []
   try:
     names = os.listdir(parent)
@@ -64,7 +85,10 @@ def remove_stale_roots(parent: str) -> list[str]:
     if len(parts) < 3 or parts[0] != "jaxreplay" or not parts[1].isdigit():
       continue
     path = os.path.join(parent, name)
-    if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])) or not os.path.isdir(path):
+    if int(parts[1]) == os.getpid() or not os.path.isdir(path):
+      continue
+    alive = _owner_alive(path)
+    if alive or (alive is None and _pid_alive(int(parts[1]))):
       continue
     shutil.rmtree(path, ignore_errors=True)
     if not os.path.exists(path):
@@ -104,6 +128,10 @@ class WeightPublisher:
     self._owns_root = root is None
     self.root = os.path.abspath(root or default_root())
     os.makedirs(self.root, exist_ok=True)
+    self._owner_fd = None
+    if self._owns_root:  # held until close or death: how `remove_stale_roots` tells it is live
+      self._owner_fd = os.open(os.path.join(self.root, OWNER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+      fcntl.flock(self._owner_fd, fcntl.LOCK_SH)
     if self._owns_root:  # /dev/shm is RAM: do not leave versions behind when close() is skipped.
       atexit.register(shutil.rmtree, self.root, True)
     self.keep = int(keep)
@@ -163,6 +191,9 @@ class WeightPublisher:
       for record in self._published:
         shutil.rmtree(record.hf_dir, ignore_errors=True)
       self._published.clear()
+      if self._owner_fd is not None:
+        os.close(self._owner_fd)
+        self._owner_fd = None
       if self._owns_root:
         shutil.rmtree(self.root, ignore_errors=True)
 
