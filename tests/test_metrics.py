@@ -136,31 +136,13 @@ def test_plot_groups_median_and_iqr(tmp_path):
     plot.main(["--runs", str(tmp_path / "absent"), "--out", str(out)])
 
 
-def _tb_scalars(tb_dir) -> dict[str, list[tuple[int, float]]]:
-  """tag -> [(step, value)] of every event file in `tb_dir` (TFRecord framing: u64 length, u32
-  crc, payload, u32 crc), parsed with tensorboardX's own protobufs."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
-  out = {}
-  for name in sorted(os.listdir(tb_dir)):
-    with open(os.path.join(tb_dir, name), "rb") as f:
-      data = f.read()
-    pos = 0
-    while pos < len(data):
-      (length,) = struct.unpack("<Q", data[pos:pos + 8])
-      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
-      pos += 12 + length + 4
-      for v in event.summary.value:
-        out.setdefault(v.tag, []).append((event.step, v.simple_value))
-  return out
-
-
 def test_tensorboard_skips_nonfinite_and_sanitises_names(tmp_path):
   with metrics.MetricsWriter(str(tmp_path)) as w:
     w.write(1, {"reward_mean": float("nan"), "eval/pass@1": 0.5, "loss": float("inf")})
     w.write(2, {"reward_mean": 0.25, "eval/pass@1": 0.75, "loss": 1.0})
   rows = metrics.read_metrics(str(tmp_path))
   assert rows[0]["reward_mean"] is None and rows[0]["loss"] is None  # JSONL keeps the row, as null
-  scalars = _tb_scalars(str(tmp_path / "tb"))
+  scalars = read_tb_scalars(str(tmp_path / "tb"))
   assert set(scalars) == {"reward_mean", "eval/pass_1", "loss"}
   assert scalars["reward_mean"] == [(2, 0.25)] and scalars["loss"] == [(2, 1.0)]
   assert scalars["eval/pass_1"] == [(1, 0.5), (2, 0.75)]
