@@ -7,4 +7,4 @@ from jaxreplay.config_defaults import gpu_math_config
 
 
 def get_config():
-  return gpu_math_config("llama3_2_3b", learning_rate=1.5e-7, mu=5.28, num_microbatches=8)
+  return gpu_math_config("llama3_2_3b", learning_rate=1.5e-7, mu=5.28)

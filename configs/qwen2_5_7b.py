@@ -7,4 +7,4 @@ from jaxreplay.config_defaults import gpu_math_config
 
 
 def get_config():
-  return gpu_math_config("qwen2_5_7b", learning_rate=6.8e-8, mu=5.28, num_microbatches=15)
+  return gpu_math_config("qwen2_5_7b", learning_rate=6.8e-8, mu=5.28)

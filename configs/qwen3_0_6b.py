@@ -7,4 +7,4 @@ from jaxreplay.config_defaults import gpu_math_config
 
 
 def get_config():
-  return gpu_math_config("qwen3_0_6b", learning_rate=3.37e-7, mu=6.84, num_microbatches=4)
+  return gpu_math_config("qwen3_0_6b", learning_rate=3.37e-7, mu=6.84)

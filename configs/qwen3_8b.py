@@ -8,4 +8,4 @@ from jaxreplay.config_defaults import gpu_math_config
 
 
 def get_config():
-  return gpu_math_config("qwen3_8b", learning_rate=6.8e-8, mu=5.28, num_microbatches=15)
+  return gpu_math_config("qwen3_8b", learning_rate=6.8e-8, mu=5.28)

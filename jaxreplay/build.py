@@ -21,6 +21,8 @@ from jaxreplay import accounting
 from jaxreplay import algorithms
 from jaxreplay import buffer as buffer_lib
 from jaxreplay import checkpoint as checkpoint_lib
+from jaxreplay import devices as devices_lib
+from jaxreplay import memory_plan
 from jaxreplay import metrics as metrics_lib
 from jaxreplay import models
 from jaxreplay import optim
@@ -113,6 +115,17 @@ def validate_config(c) -> None:
   if c.trainer.max_nonfinite_skips < 1:
     errors.append(f"trainer.max_nonfinite_skips={c.trainer.max_nonfinite_skips} must be >= 1 "
                   "(consecutive non-finite updates skipped before the run stops)")
+  if c.eval.batch_size < 0:
+    errors.append(f"eval.batch_size={c.eval.batch_size} must be >= 0 (0 = rollout.sampler_batch_size)")
+  if not 0.0 < c.devices.memory_fraction <= 1.0:
+    errors.append(f"devices.memory_fraction={c.devices.memory_fraction} must be in (0, 1]")
+  if c.devices.memory_gib < 0:
+    errors.append(f"devices.memory_gib={c.devices.memory_gib} must be >= 0 [GiB] (0 = the GPU's own)")
+  for key in ("trainer", "workers"):
+    try:
+      devices_lib.parse_ids(c.devices[key], f"devices.{key}")
+    except ValueError as e:
+      errors.append(str(e))
   if c.rollout.refresh_every < 1:
     errors.append(f"rollout.refresh_every={c.rollout.refresh_every} must be >= 1")
   if c.model.path and not os.path.isdir(c.model.path):
@@ -222,6 +235,22 @@ def check_prompt_lengths(codec, problems, max_prompt: int, where: str) -> None:
                        f"(prompt starts {p.prompt[:60]!r})")
 
 
+def trainer_mesh(c):
+  """The trainer's mesh: trainer.mesh_shape over every device JAX sees. On GPUs these must be the
+  trainer.num_devices GPUs of `devices.trainer` (`jaxreplay.devices` restricts the process to
+  them); CPU runs keep the old behaviour (all emulated devices, T only in the accounting)."""
+  devs = jax.devices()
+  if devs[0].platform == "gpu" and len(devs) != c.trainer.num_devices:
+    raise ValueError(f"trainer.num_devices={c.trainer.num_devices} but this process sees "
+                     f"{len(devs)} GPUs: start it with `python -m jaxreplay.launch` (which restricts "
+                     "it to devices.trainer) or set CUDA_VISIBLE_DEVICES to the trainer's GPUs")
+  try:
+    return sharding.make_mesh(tuple(c.trainer.mesh_shape))
+  except ValueError as e:
+    raise ValueError(f"trainer.mesh_shape={tuple(c.trainer.mesh_shape)} over {len(devs)} trainer "
+                     f"devices: {e}") from None
+
+
 @dataclasses.dataclass
 class Parts:
   """Everything a run holds, built once by `build`. `state` is the initial (or restored) train
@@ -268,20 +297,26 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
   buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
 
-  mesh = sharding.make_mesh(tuple(c.trainer.mesh_shape))
-  multiple = sharding.batch_size_multiple(mesh) * c.trainer.num_microbatches
-  if c.buffer.batch_size % multiple:
-    raise ValueError(f"buffer.batch_size={c.buffer.batch_size} must be a multiple of data * fsdp * "
-                     f"num_microbatches = {multiple}; change trainer.mesh_shape or the batch size")
+  mesh = trainer_mesh(c)
+  errors = memory_plan.batch_rule_errors(c, mesh)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
   shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
-  param_sh = sharding.param_shardings(shapes, mesh)
+  storage = sharding.storage_shapes(shapes, mesh)  # padded where the mesh does not divide
+  padded = sharding.padded_leaves(shapes, mesh)
+  if padded:
+    logging.info("stored padded to shard over mesh %s: %s", dict(mesh.shape), ", ".join(
+        f"{k} {a}->{b}" for k, (a, b) in padded.items()))
   params = None
   if c.model.path:
-    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype, shardings=param_sh)
+    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype,
+                               shardings=sharding.param_shardings(storage, mesh))
   t = c.trainer
   optimizer, lr_fn, loss_fn = optimization(c)
   state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
-                                   mesh=mesh, with_ref_params=t.kl_coef != 0.0)
+                                   mesh=mesh, with_ref_params=t.kl_coef != 0.0,
+                                   donate_params=params is not None)
+  del params
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
@@ -320,7 +355,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   rollouts = RolloutBackend(c, model_cfg, codec.stop_ids)
   stack.callback(rollouts.close)
   eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
-                            batch_size=c.rollout.sampler_batch_size,
+                            batch_size=c.eval.batch_size or c.rollout.sampler_batch_size,
                             eos_token_ids=codec.stop_ids, seed=c.seed + 1)
   gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
                              c.buffer.batch_size)

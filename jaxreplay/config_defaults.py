@@ -23,6 +23,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"
   c.model.remat = False
+  c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
+                                   # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
 
   c.task = ml_collections.ConfigDict()
@@ -85,6 +87,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
+  c.devices = ml_collections.ConfigDict()  # GPUs of one node (jaxreplay.devices); CPU: unused
+  c.devices.trainer = ""           # "0,1,2": the trainer's GPUs; "" = the first trainer.num_devices
+  c.devices.workers = ""           # "3,4,5,6,7": the rollout workers' GPUs; "" = the GPUs left
+  c.devices.memory_gib = 0.0       # one trainer device's memory for the --dry_run fit check [GiB];
+                                   # 0 = the GPU's own (or no check on CPU)
+  c.devices.memory_fraction = 0.9  # the share of it JAX may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION)
+
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.kind = "simulated"   # simulated: W workers / T trainer devices in virtual time |
                                    # sync: the theory's synchronous loop (R new rollouts per step)
@@ -108,6 +117,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # pass@k / entropy samples (pass@1 only at the others; the final
                                    # evaluation always draws them); () = every evaluation
   c.eval.num_problems = 64
+  c.eval.batch_size = 0            # sequences per JAX-sampler call of evaluation (its KV cache is
+                                   # on a trainer device); 0 = rollout.sampler_batch_size
   c.eval.n_samples = 16
   c.eval.ks = (1, 2, 4, 8, 16)
   c.eval.temperature_pass1 = 0.1
@@ -138,9 +149,12 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def gpu_math_config(preset: str, learning_rate: float, mu: float,
-                    num_microbatches: int = 8) -> ml_collections.ConfigDict:
+                    num_microbatches: int = 5) -> ml_collections.ConfigDict:
   """The paper's GPU math setting for one model: vLLM workers (W, T) = (5, 3), N=84, B=60, G=16,
-  async schedule, bf16 compute with f32 master weights. Set model.path and task.path to run."""
+  async schedule, bf16 compute with f32 master weights. Set model.path and task.path to run.
+
+  num_microbatches 5 divides B/T for each of the paper's splits (W, T) = (5, 3), (6, 2), (4, 4):
+  4, 6 and 3 rows of model.max_len tokens per device per micro-batch."""
   c = base_config()
   c.total_steps = 1000
   c.model.preset = preset
@@ -150,6 +164,7 @@ def gpu_math_config(preset: str, learning_rate: float, mu: float,
   c.model.max_len = 4608
   c.task.name = "math"
   c.eval.num_problems = 500        # MATH-500 sized held-out set
+  c.eval.batch_size = 16           # the eval KV cache at 4608 tokens: 16 rows (~10 GiB for 8B)
   c.rollout.backend = "vllm"
   c.rollout.num_workers = 5            # W
   c.rollout.group_size = 16            # G

@@ -4,6 +4,8 @@ Config values are overridden on the command line (`--config.buffer.size=84`); th
 misspelled key is an error that names it. Re-running the same command resumes from the newest
 checkpoint in --workdir.
 
+`--dry_run` prints the per-device memory plan and exits (3 when it does not fit).
+
 Exit status: 0 when the run finished; 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
 when a signal stopped it after a checkpoint (rerun the command to resume); 3 for a run that cannot
 go on as configured (busy workdir, repeated non-finite updates, no restorable checkpoint, a failed
@@ -31,6 +33,10 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "num_processes", None, "Multi-host: number of trainer processes (jax.distributed).")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-host: host:port of process 0 (jax.distributed).")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Build the run abstractly (no weights read, no engines started), print the "
+    "per-device memory plan and the device split, write WORKDIR/plan.json; exit 3 when it does not "
+    "fit the device memory (devices.memory_gib on machines without a GPU).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -45,6 +51,23 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  from jaxreplay import devices  # pylint: disable=g-import-not-at-top
+  split = devices.apply_to_environment(_CONFIG.value)  # before JAX picks its devices
+  if split is not None:
+    logging.info("GPUs: trainer %s, rollout workers %s", ",".join(split.trainer),
+                 ",".join(split.workers) or "none")
+  if _DRY_RUN.value:
+    from jaxreplay import build  # pylint: disable=g-import-not-at-top
+    from jaxreplay import memory_plan  # pylint: disable=g-import-not-at-top
+    build.resolve_backend(_CONFIG.value)
+    build.validate_config(_CONFIG.value)
+    try:
+      memory_plan.dry_run(_CONFIG.value, os.path.abspath(os.path.expanduser(_WORKDIR.value)), split)
+    except memory_plan.DoesNotFit as e:
+      logging.error("DoesNotFit: %s", e)
+      logging.flush()
+      sys.exit(3)
+    return
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     import jax  # pylint: disable=g-import-not-at-top
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # CPU collectives across processes need gloo

@@ -7,7 +7,16 @@ The mesh has three axes (big_vision / levanter style):
 Batch rows are split over ("data", "fsdp"). Parameters follow `PARAM_RULES`: a tuple of
 (regex, PartitionSpec) pairs matched with `re.search` against the '/'-joined path of each leaf.
 Optimizer states mirror parameter paths (e.g. "opt_state/1/0/mu/layers/q_proj"), so the same rules
-shard them. A mesh axis is dropped from a dimension it does not divide, so tiny models run on any mesh.
+shard them.
+
+Nothing is silently replicated. A parameter whose dimension a rule's mesh axes do not divide is
+stored padded (`storage_shape`: that dimension rounded up to a multiple of the axes' size, the extra
+entries zero): e.g. Qwen3-8B's hidden size 4096 over a 3-way fsdp axis is stored as 4098 columns, so
+each of 3 devices holds 1/3 of it. The model functions slice padded leaves back to their logical
+shapes (`models.layout.unpad`); the padding's gradients are zero, so Adam leaves it at zero.
+`tree_shardings` raises (naming the leaf) when a leaf it is given does not divide, unless the caller
+opts in to `indivisible="replicate"`. Activations (`constrain`) still drop axes that do not divide
+(`fit_spec`): XLA pads those internally.
 """
 from __future__ import annotations
 
@@ -102,33 +111,119 @@ def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
   return P(*out)
 
 
-def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
-             rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
-  """The PartitionSpec of the leaf at `path`: the first rule whose regex matches and whose rank fits.
+INDIVISIBLE = ("error", "replicate")
 
-  A rule whose spec has more entries than the leaf has dims is skipped (e.g. scalar optimizer counts);
-  no match means replicated.
-  """
+
+def _entry_axes(entry) -> tuple[str, ...]:
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def rule_spec(path: str, shape: Sequence[int], mesh: Mesh,
+              rules: Sequence[tuple[str, P]] = PARAM_RULES) -> P:
+  """The spec of the first rule whose regex matches `path` and whose rank fits `shape`, with axes
+  absent from `mesh` removed (no divisibility check); P() when no rule matches. A rule whose spec
+  has more entries than the leaf has dims is skipped (e.g. scalar optimizer counts)."""
   for pattern, spec in rules:
     if re.search(pattern, path) and len(spec) <= len(shape):
-      return fit_spec(spec, shape, mesh)
+      out = []
+      for entry in spec:
+        axes = tuple(a for a in _entry_axes(entry) if a in mesh.shape)
+        out.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+      while out and out[-1] is None:
+        out.pop()
+      return P(*out)
   return P()
 
 
-def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
-  """A pytree of `NamedSharding` matching `tree` (arrays or `jax.ShapeDtypeStruct`s) by path and rules.
+def storage_shape(shape: Sequence[int], spec: P, mesh: Mesh) -> tuple[int, ...]:
+  """`shape` with each dimension rounded up to a multiple of the product of its mesh axes in `spec`
+  (equal to `shape` when every axis divides its dimension)."""
+  out = []
+  for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    size = math.prod(mesh.shape[a] for a in _entry_axes(entry) if a in mesh.shape)
+    out.append(-(-int(dim) // size) * size)
+  return tuple(out)
 
-  Works for params, optimizer states (their paths end with the param path) and whole train states.
-  """
+
+def storage_shapes(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+  """`tree` (arrays or ShapeDtypeStructs) as ShapeDtypeStructs of their padded storage shapes."""
   def one(path, leaf):
-    return NamedSharding(mesh, spec_for(path_str(path), np.shape(leaf), mesh, rules))
+    shape = np.shape(leaf)
+    spec = rule_spec(path_str(path), shape, mesh, rules)
+    return jax.ShapeDtypeStruct(storage_shape(shape, spec, mesh), leaf.dtype)
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
+def padded_leaves(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES
+                  ) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+  """{path: (logical shape, storage shape)} of the leaves of `tree` that `mesh` stores padded."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    name, shape = path_str(path), tuple(np.shape(leaf))
+    padded = storage_shape(shape, rule_spec(name, shape, mesh, rules), mesh)
+    if padded != shape:
+      out[name] = (shape, padded)
+  return out
+
+
+def pad_to(x: jax.Array, shape: Sequence[int]) -> jax.Array:
+  """`x` zero-padded at the end of each dimension to `shape` (`x` itself when equal)."""
+  if tuple(x.shape) == tuple(shape):
+    return x
+  return jax.numpy.pad(x, [(0, int(s) - int(d)) for d, s in zip(x.shape, shape)])
+
+
+def spec_for(path: str, shape: Sequence[int], mesh: Mesh,
+             rules: Sequence[tuple[str, P]] = PARAM_RULES, indivisible: str = "error") -> P:
+  """The PartitionSpec of the leaf at `path` (see `rule_spec`).
+
+  When a rule's axes do not divide a dimension of `shape`: indivisible="error" raises ValueError
+  naming the leaf and the fix (store it padded: `storage_shapes`); "replicate" drops those axes
+  (the leaf is then replicated over them: an explicit opt-in).
+  """
+  if indivisible not in INDIVISIBLE:
+    raise ValueError(f"indivisible={indivisible!r}: expected one of {INDIVISIBLE}")
+  spec = rule_spec(path, shape, mesh, rules)
+  if storage_shape(shape, spec, mesh) == tuple(shape):
+    return spec
+  if indivisible == "replicate":
+    return fit_spec(spec, shape, mesh)
+  raise ValueError(f"cannot shard {path!r} of shape {tuple(shape)} as {spec} over mesh "
+                   f"{dict(mesh.shape)}: the axes do not divide its dimensions. Store it padded "
+                   f"to {storage_shape(shape, spec, mesh)} (`sharding.storage_shapes`, as "
+                   "`trainer.init_train_state` does), change trainer.mesh_shape, or pass "
+                   "indivisible='replicate' to replicate it over those axes")
+
+
+def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARAM_RULES,
+                   indivisible: str = "error") -> Any:
+  """A pytree of `NamedSharding` matching `tree` (arrays or `jax.ShapeDtypeStruct`s) by path and rules.
+
+  Works for params, optimizer states (their paths end with the param path) and whole train states.
+  `indivisible` as in `spec_for` (the default raises on a leaf the mesh cannot split evenly).
+  """
+  def one(path, leaf):
+    return NamedSharding(mesh, spec_for(path_str(path), np.shape(leaf), mesh, rules, indivisible))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def shard_bytes(tree: Any, shardings: Any) -> int:
+  """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs) laid out by `shardings` (the
+  largest per-device total over the mesh's devices)."""
+  per_device: dict[Any, int] = {}
+  for leaf, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(
+      shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))):
+    shape = tuple(np.shape(leaf))
+    nbytes = math.prod(sh.shard_shape(shape)) * np.dtype(leaf.dtype).itemsize
+    for d in sh.device_set:
+      per_device[d] = per_device.get(d, 0) + nbytes
+  return max(per_device.values(), default=0)
+
+
 def param_shardings(params_shape_tree: Any, mesh: Mesh,
-                    rules: Sequence[tuple[str, P]] = PARAM_RULES) -> Any:
+                    rules: Sequence[tuple[str, P]] = PARAM_RULES, indivisible: str = "error") -> Any:
   """Shardings of a parameter pytree (see `PARAM_RULES`); an alias of `tree_shardings`."""
-  return tree_shardings(params_shape_tree, mesh, rules)
+  return tree_shardings(params_shape_tree, mesh, rules, indivisible)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

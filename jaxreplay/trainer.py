@@ -172,7 +172,9 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
     with donate_params=True, consumed: device arrays already in the target layout become the
     state's params without a second copy on device (the caller must not use them afterwards).
   with_ref_params: also keep a frozen copy of the initial params as the KL reference.
-  mesh: default all devices as (1, -1, 1).
+  mesh: default all devices as (1, -1, 1). A leaf whose dimension the mesh axes of its rule do not
+    divide is stored zero-padded to `sharding.storage_shape` (never replicated); the model
+    functions slice it back (`models.layout.unpad`).
   The shardings of the result are `jax.tree.map(lambda x: x.sharding, state)`, which equals
   `state_shardings(state, mesh, rules)`.
   """
@@ -185,21 +187,43 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
     return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p),
                       rng=state_rng, ref_params=jax.tree.map(jnp.copy, p) if with_ref_params else None)
 
+  logical = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.PRNGKey(0)))
+  storage = sharding.storage_shapes(logical, mesh, rules)  # padded where the mesh does not divide
   if params is not None:
-    expected = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.PRNGKey(0)))
-    want = jax.tree.map(lambda s: tuple(s.shape), expected)
+    want = jax.tree.map(lambda s: tuple(s.shape), logical)
     got = jax.tree.map(lambda x: tuple(jnp.shape(x)), params)
-    if jax.tree.structure(got, is_leaf=lambda x: isinstance(x, tuple)) != jax.tree.structure(
-        want, is_leaf=lambda x: isinstance(x, tuple)) or got != want:
+    is_shape = lambda x: isinstance(x, tuple)
+    if jax.tree.structure(got, is_leaf=is_shape) != jax.tree.structure(want, is_leaf=is_shape):
       raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
-  abstract = jax.eval_shape(build, params, init_rng, state_rng)
+    ok = jax.tree.map(lambda g, w, s: g in (w, tuple(s.shape)), got, want, storage, is_leaf=is_shape)
+    if not all(jax.tree.leaves(ok)):
+      raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
+
+  def build_padded(p, init_rng, state_rng):
+    if p is None:
+      p = transformer.init_params(model_cfg, init_rng)
+    return build(jax.tree.map(lambda x, s: sharding.pad_to(x, s.shape), p, storage),
+                 init_rng, state_rng)
+
+  abstract = jax.eval_shape(build_padded, params, init_rng, state_rng)
   shardings = state_shardings(abstract, mesh, rules)
   if params is None:
-    return jax.jit(build, out_shardings=shardings)(None, init_rng, state_rng)
+    return jax.jit(build_padded, out_shardings=shardings)(None, init_rng, state_rng)
   # A private sharded copy (unless donate_params), donated to the jit so that the state's params
-  # reuse its buffers instead of holding one more copy on device.
-  params = jax.device_put(params, shardings.params, may_alias=None if donate_params else False)
-  return jax.jit(build, out_shardings=shardings, donate_argnums=(0,))(params, init_rng, state_rng)
+  # reuse its buffers instead of holding one more copy on device. Params already in their padded
+  # storage shapes (e.g. `models.load_hf(..., shardings=...)`) are placed as they are.
+  padded_in = jax.tree.map(lambda x, s: tuple(jnp.shape(x)) == tuple(s.shape), params, storage)
+  if all(jax.tree.leaves(padded_in)):
+    in_sh, donate = shardings.params, (0,)
+  else:  # padded in the jit: the logical-shape copy cannot be reused for the output
+    in_sh, donate = sharding.tree_shardings(params, mesh, rules, indivisible="replicate"), ()
+  if not donate_params:
+    # jax.device_put(..., may_alias=False) onto a replicated multi-device sharding still aliases
+    # the source device's buffer (jax 0.10), which the donation below would delete: copy first.
+    params = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, params)
+  params = jax.device_put(params, in_sh)
+  return jax.jit(build_padded, out_shardings=shardings, donate_argnums=donate)(params, init_rng,
+                                                                               state_rng)
 
 
 # ---- the train step ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxreplay import sharding
+from jaxreplay.devices import GpuSplit
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
 
@@ -64,9 +65,11 @@ class RolloutBackend:
     from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
     on_cpu = jax.default_backend() == "cpu"
     env = {"VLLM_CPU_KVCACHE_SPACE": str(c.rollout.vllm_kv_cache_gib)}
-    gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
-    if gpus:  # launch/single_host.sh: one GPU per worker process
-      env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+    gpus = tuple(g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g)
+    if gpus:  # set by jaxreplay.devices (launch): JAXREPLAY_GPUS_PER_WORKER GPUs per worker
+      per_worker = int(os.environ.get("JAXREPLAY_GPUS_PER_WORKER", "1"))
+      split = GpuSplit(trainer=(), workers=gpus, per_worker=per_worker)
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(split.worker_gpus(index))
     return VllmWorkerProcess(
         weights.hf_dir, policy_version=weights.version, max_model_len=c.model.max_len,
         dtype="float32" if on_cpu else "bfloat16", seed=seed, env=env, eos_token_ids=self.stop_ids)

@@ -294,7 +294,9 @@ def test_damaged_newest_step_falls_back(tmp_path, damage, caplog):
   chex.assert_trees_all_equal(_host(state), _tree(2))
   assert len(skipped) == 1 and skipped[0][0] == 3 and skipped[0][1] == problems[0]
   assert os.listdir(d + ".damaged") == ["3"] and not os.path.exists(os.path.join(d, "3"))
-  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  # Ours only: orbax warns "Waiting for previous save to complete" when the machine is slow.
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and "jaxreplay" in r.pathname]
   assert warnings == [f"checkpoint step 3 is damaged ({problems[0]}); moved to {d}.damaged/3; "
                       "falling back to step 2"]
   # The next run sees step 2 as the newest and may save step 3 again.

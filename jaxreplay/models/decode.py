@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxreplay.models import layout
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
 
@@ -57,6 +58,7 @@ def prefill(cfg: ModelConfig, params: dict, tokens: jax.Array, lengths: jax.Arra
     (float32 logits [B, V] at each row's last prompt token, the cache with lengths = `lengths`).
   """
   transformer.check_supported(cfg)
+  params = layout.unpad(cfg, params, layers=False)
   b, lp = tokens.shape
   _check_cache(cfg, cache, b, "prefill")
   max_len = cache.k.shape[2]
@@ -74,7 +76,7 @@ def prefill(cfg: ModelConfig, params: dict, tokens: jax.Array, lengths: jax.Arra
     return out, (k.astype(dtype), v.astype(dtype))
 
   def layer(x, lp_):
-    return transformer.block(cfg, lp_, x, positions, attend)
+    return transformer.block(cfg, layout.unpad_layer(cfg, lp_), x, positions, attend)
 
   x, (ks, vs) = jax.lax.scan(layer, transformer.embed(cfg, params, tokens), params["layers"])
   last = jnp.clip(lengths - 1, 0, lp - 1)
@@ -98,6 +100,7 @@ def decode_step(cfg: ModelConfig, params: dict, tokens: jax.Array,
     (float32 logits [B, V] for the token after `tokens`, the cache with lengths + 1).
   """
   transformer.check_supported(cfg)
+  params = layout.unpad(cfg, params, layers=False)
   if tokens.ndim != 1:
     raise ValueError(f"decode_step: tokens must be int32 [batch], got shape {tokens.shape}")
   b = tokens.shape[0]
@@ -117,7 +120,8 @@ def decode_step(cfg: ModelConfig, params: dict, tokens: jax.Array,
       out = transformer.dot_product_attention(q, kc[i].astype(q.dtype), vc[i].astype(q.dtype), mask)
       return out, (kc, vc)
 
-    x, (k_cache, v_cache) = transformer.block(cfg, lp_, x, pos[:, None], attend)
+    x, (k_cache, v_cache) = transformer.block(cfg, layout.unpad_layer(cfg, lp_), x, pos[:, None],
+                                              attend)
     return (x, k_cache, v_cache), None
 
   x = transformer.embed(cfg, params, tokens[:, None])

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay import sharding as sharding_lib
 from jaxreplay.models import layout
 from jaxreplay.models import safetensors_io
 from jaxreplay.models.config import ModelConfig
@@ -54,12 +55,16 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # ---- JAX -> HF --------------------------------------------------------------------------------
 
 
-def _host_tensor(leaf, rule: layout.Rule, layer: Optional[int], dtype) -> np.ndarray:
-  """One HF tensor (HF layout, C-contiguous numpy) out of a JAX leaf; a device slice when jax."""
+def _host_tensor(leaf, rule: layout.Rule, layer: Optional[int], dtype,
+                 logical_shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
+  """One HF tensor (HF layout, C-contiguous numpy) out of a JAX leaf; a device slice when jax.
+  `logical_shape` (JAX layout, without the layer axis) slices a padded leaf back."""
   if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
     raise ValueError(f"leaf {'/'.join(rule.path)!r} is not fully addressable from this process; "
                      "gather it (e.g. with jax.experimental.multihost_utils) before saving")
   x = np.asarray(leaf if layer is None else leaf[layer])
+  if logical_shape is not None:  # a leaf stored padded by the trainer (`layout.unpad`)
+    x = x[tuple(slice(0, n) for n in logical_shape)]
   if rule.transpose:
     x = x.T
   if dtype is not None:
@@ -69,13 +74,18 @@ def _host_tensor(leaf, rule: layout.Rule, layer: Optional[int], dtype) -> np.nda
 
 def _plan(cfg: ModelConfig, params: Params, dtype=None):
   """(HF name, HF shape, numpy dtype, producer) per tensor; checks params first."""
-  layout.check_params(cfg, params)
+  layout.check_params(cfg, params, allow_padding=True)
   plan = []
   for name, rule, layer in layout.entries(cfg):
     leaf = layout.get_leaf(params, rule.path)
     dt = np.dtype(dtype if dtype is not None else leaf.dtype)
+    want = rule.jax_shape(cfg)
+    logical = None
+    if tuple(leaf.shape) != want:
+      logical = want[1:] if layer is not None else want
     plan.append((name, tuple(rule.hf_shape(cfg)), dt,
-                 lambda leaf=leaf, rule=rule, layer=layer: _host_tensor(leaf, rule, layer, dtype)))
+                 lambda leaf=leaf, rule=rule, layer=layer, logical=logical:
+                 _host_tensor(leaf, rule, layer, dtype, logical)))
   return plan
 
 
@@ -188,8 +198,26 @@ def _read_leaf(cfg: ModelConfig, src, rule: layout.Rule, index: tuple, dtype) ->
   return out
 
 
+def _read_padded(cfg: ModelConfig, src, rule: layout.Rule, index: tuple, dtype,
+                 shape: tuple[int, ...], storage: tuple[int, ...]) -> np.ndarray:
+  """`_read_leaf` of `index` into the padded storage shape `storage` of a leaf of logical `shape`:
+  the part of the slice beyond the logical extent is zeros."""
+  if storage == shape:
+    return _read_leaf(cfg, src, rule, index, dtype)
+  bounds = [s.indices(n) for s, n in zip(index, storage)]  # (start, stop, 1) per dimension
+  inside = tuple(slice(min(a, n), min(b, n)) for (a, b, _), n in zip(bounds, shape))
+  out_shape = tuple(b - a for a, b, _ in bounds)
+  if any(s.stop <= s.start for s in inside):
+    return np.zeros(out_shape, np.dtype(dtype) if dtype is not None else np.float32)
+  part = _read_leaf(cfg, src, rule, inside, dtype)
+  out = np.zeros(out_shape, part.dtype)
+  out[tuple(slice(0, s.stop - s.start) for s in inside)] = part
+  return out
+
+
 def _assemble(cfg: ModelConfig, src, dtype, shardings) -> Params:
-  """Builds the params pytree leaf by leaf from a validated source."""
+  """Builds the params pytree leaf by leaf from a validated source. With NamedShardings whose axes
+  do not divide a leaf, the leaf is built in its padded storage shape (`sharding.storage_shape`)."""
   params: Params = {}
   for rule in layout.rules_for(cfg):
     shape = rule.jax_shape(cfg)
@@ -201,14 +229,16 @@ def _assemble(cfg: ModelConfig, src, dtype, shardings) -> Params:
       leaf = jax.device_put(_read_leaf(cfg, src, rule, full, dtype))
     else:
       cache: dict[tuple, np.ndarray] = {}  # replicated slices are read once, not once per device
+      storage = sharding_lib.storage_shape(shape, sharding.spec, sharding.mesh) if isinstance(
+          sharding, jax.sharding.NamedSharding) else shape
 
-      def callback(index, rule=rule, cache=cache):
+      def callback(index, rule=rule, cache=cache, shape=shape, storage=storage):
         key = _index_key(index)
         if key not in cache:
-          cache[key] = _read_leaf(cfg, src, rule, index, dtype)
+          cache[key] = _read_padded(cfg, src, rule, index, dtype, shape, storage)
         return cache[key]
 
-      leaf = jax.make_array_from_callback(shape, sharding, callback)
+      leaf = jax.make_array_from_callback(storage, sharding, callback)
       cache.clear()
     layout.set_leaf(params, rule.path, leaf)
   return params
@@ -233,7 +263,9 @@ def load_hf(path: str, dtype=jnp.float32, shardings=None) -> tuple[ModelConfig, 
     dtype: the dtype of the returned leaves (cast on host, per slice); None keeps the checkpoint's.
       The returned config's `param_dtype` is set to it.
     shardings: None (leaves on the default device), one `jax.sharding.Sharding` for every leaf, or a
-      pytree of the params' structure of shardings; each device then reads only its slice.
+      pytree of the params' structure of shardings; each device then reads only its slice. A leaf
+      whose NamedSharding's axes do not divide it comes back in its padded storage shape
+      (`sharding.storage_shape`, zeros beyond the checkpoint's extent), as the trainer stores it.
   Returns:
     (cfg, params) with params in the WORKSPACE.md layout.
   """

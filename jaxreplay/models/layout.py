@@ -181,8 +181,50 @@ def param_shapes(cfg: ModelConfig) -> Params:
   return tree
 
 
-def check_params(cfg: ModelConfig, params: Params) -> None:
-  """Raises ValueError when `params` lacks a leaf of `cfg`, has an extra one, or a wrong shape."""
+def _slice_to(leaf, shape: tuple[int, ...]):
+  """`leaf[:shape[0], :shape[1], ...]` (the leaf itself when its shape already is `shape`)."""
+  if tuple(leaf.shape) == tuple(shape):
+    return leaf
+  return leaf[tuple(slice(0, n) for n in shape)]
+
+
+def unpad(cfg: ModelConfig, params: Params, layers: bool = True) -> Params:
+  """`params` with every leaf sliced to its logical shape (`Rule.jax_shape`).
+
+  A trainer on a mesh whose axes do not divide a dimension stores that leaf padded at the end
+  (`jaxreplay.sharding.storage_shape`); the model functions call this first, so padded and unpadded
+  params give the same results. layers=False leaves `params["layers"]` as it is (the forward's
+  layer scan slices each layer with `unpad_layer`, so the stacked weights are never copied).
+  Returns `params` itself when nothing is padded.
+  """
+  out, changed = {}, False
+  for r in _applicable(cfg):
+    leaf = get_leaf(params, r.path)
+    if r.per_layer and not layers:
+      set_leaf(out, r.path, leaf)
+      continue
+    sliced = _slice_to(leaf, r.jax_shape(cfg))
+    changed |= sliced is not leaf
+    set_leaf(out, r.path, sliced)
+  return out if changed else params
+
+
+def unpad_layer(cfg: ModelConfig, layer_params: Params) -> Params:
+  """One layer's params (the leaves of `params["layers"]` without the layer axis) sliced to their
+  logical shapes; `layer_params` itself when nothing is padded."""
+  out, changed = dict(layer_params), False
+  for r in _applicable(cfg):
+    if r.per_layer and r.path[-1] in layer_params:
+      leaf = layer_params[r.path[-1]]
+      sliced = _slice_to(leaf, r.jax_shape(cfg)[1:])
+      changed |= sliced is not leaf
+      out[r.path[-1]] = sliced
+  return out if changed else layer_params
+
+
+def check_params(cfg: ModelConfig, params: Params, allow_padding: bool = False) -> None:
+  """Raises ValueError when `params` lacks a leaf of `cfg`, has an extra one, or a wrong shape
+  (with allow_padding, a leaf may be larger than its logical shape in any dimension: see `unpad`)."""
   rules = rules_for(cfg)
   expected = {r.path for r in rules}
   extra = sorted("/".join(p) for p in _leaf_paths(params) if p not in expected)
@@ -192,7 +234,10 @@ def check_params(cfg: ModelConfig, params: Params) -> None:
                      f"{cfg.attention_bias}, qk_norm={cfg.qk_norm}) does not have")
   for r in rules:
     leaf = get_leaf(params, r.path)
-    if tuple(leaf.shape) != r.jax_shape(cfg):
+    shape, want = tuple(leaf.shape), r.jax_shape(cfg)
+    if allow_padding and len(shape) == len(want) and all(a >= b for a, b in zip(shape, want)):
+      continue
+    if shape != want:
       raise ValueError(f"params leaf {'/'.join(r.path)!r} has shape {tuple(leaf.shape)}, expected "
                        f"{r.jax_shape(cfg)} for this ModelConfig")
 

@@ -11,6 +11,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from jaxreplay.models import layout
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
 
@@ -58,6 +59,7 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: j
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
   if targets.shape != tokens.shape:
     raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
+  params = layout.unpad(cfg, params, layers=False)
   h = transformer.hidden_states(cfg, params, tokens, positions, segment_ids)  # [B, T, D]
   b, t, d = h.shape
   chunk = min(chunk_size, t)

@@ -218,11 +218,12 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
   if tokens.ndim != 2:
     raise ValueError(f"tokens must be [batch, seq] int32, got shape {tokens.shape}")
   positions, segment_ids = _defaults(tokens, positions, segment_ids)
+  params = layout.unpad(cfg, params, layers=False)
   mask = attention_mask(segment_ids)
   attend = lambda q, k, v: (dot_product_attention(q, k, v, mask), None)
 
   def layer(x, lp):
-    return block(cfg, lp, x, positions, attend)
+    return block(cfg, layout.unpad_layer(cfg, lp), x, positions, attend)
 
   if cfg.remat:
     layer = jax.checkpoint(layer, prevent_cse=False)
@@ -235,4 +236,5 @@ def apply(cfg: ModelConfig, params: Params, tokens: jax.Array,
           segment_ids: Optional[jax.Array] = None) -> jax.Array:
   """float32 logits [B, T, V]; arguments as in `hidden_states`. Materialises all of [B, T, V]:
   for training use `logprobs.token_logprobs`, which chunks over T."""
+  params = layout.unpad(cfg, params, layers=False)
   return lm_head(cfg, params, hidden_states(cfg, params, tokens, positions, segment_ids))
