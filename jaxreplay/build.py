@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 from typing import Any, Callable, Optional
 
@@ -148,6 +149,10 @@ def validate_config(c) -> None:
   mode = c.model.chat_template
   if not isinstance(mode, bool) and mode not in tasks.CHAT_TEMPLATE_MODES:
     errors.append(f"model.chat_template={mode!r}: expected one of {tasks.CHAT_TEMPLATE_MODES}")
+  try:
+    chat_template_kwargs(c)
+  except ValueError as e:
+    errors.append(str(e))
   if jax.process_count() > 1 and c.scheduler.kind == "async":
     errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
                   "processes: multi-process trainers run every process's host pipeline in "
@@ -155,6 +160,22 @@ def validate_config(c) -> None:
                   "process)")
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def chat_template_kwargs(c) -> dict:
+  """model.chat_template_kwargs (a JSON object, "" = none) as a dict; ValueError naming the fix."""
+  text = c.model.chat_template_kwargs
+  if not text:
+    return {}
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"model.chat_template_kwargs={text!r} is not valid JSON ({e}); e.g. "
+                     "'{\"enable_thinking\": false}'") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"model.chat_template_kwargs={text!r} must be a JSON object of template "
+                     "variables, e.g. '{\"enable_thinking\": false}'")
+  return value
 
 
 def resolve_backend(c) -> str:
@@ -208,7 +229,8 @@ def load_codec(c, task, workdir: str):
 
   Stop ids: the tokenizer's eos plus every eos id of model.path (and of the tokenizer dir):
   `tasks.model_eos_ids`, from generation_config.json and config.json. Prompts go through the
-  tokenizer's chat template per model.chat_template ("auto": when the tokenizer ships one)."""
+  tokenizer's chat template per model.chat_template ("auto": when the tokenizer ships one),
+  with the variables of model.chat_template_kwargs."""
   tok_dir = c.model.tokenizer or c.model.path
   if not tok_dir:
     if c.task.name not in PROCEDURAL_TASKS:
@@ -220,7 +242,8 @@ def load_codec(c, task, workdir: str):
       tasks.build_char_tokenizer(task.charset, tok_dir)
   extra = tasks.model_eos_ids(c.model.path) if c.model.path else ()
   codec = tasks.load_tokenizer(tok_dir, extra_stop_ids=extra,
-                               use_chat_template=c.model.chat_template)
+                               use_chat_template=c.model.chat_template,
+                               chat_template_kwargs=chat_template_kwargs(c))
   logging.info("tokenizer %s: stop ids %s, chat template %s", tok_dir, list(codec.stop_ids),
                "on" if codec.use_chat_template else "off")
   return codec, tok_dir

@@ -22,6 +22,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.tokenizer = ""           # tokenizer dir; empty: the model dir
   c.model.chat_template = "auto"   # prompts as a user turn of the tokenizer's chat template:
                                    # auto (when the tokenizer ships one) | on | off
+  c.model.chat_template_kwargs = ""  # JSON object of template variables, e.g.
+                                   # '{"enable_thinking": false}' (Qwen3), '{"date_string":
+                                   # "26 Jul 2024"}' (Llama-3.x, else today's date)
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"
   c.model.remat = False

@@ -219,6 +219,13 @@ def test_build_accepts_the_models_tokenizers(family, qwen3_dir, llama_dir, tmp_p
         tok_lib.check_tokenizer_matches_model(tok_lib.TextCodec(codec.tokenizer), model_cfg)
     plain = build.load_codec(_config(model_dir, str(data), "off"), task, str(tmp_path))[0]
     assert not plain.use_chat_template
+    if family == "qwen3":
+      c.model.chat_template_kwargs = '{"enable_thinking": false}'
+      build.validate_config(c)
+      no_think = build.load_codec(c, task, str(tmp_path))[0]
+      prompt = codec.encode_prompt(TEXT).tolist()
+      assert no_think.encode_prompt(TEXT).tolist() == prompt + ids("<think>", "\n\n", "</think>",
+                                                                  "\n\n")
   finally:
     task.close()
 
@@ -236,5 +243,12 @@ def test_chat_template_modes_and_errors(tmp_path):
   c = _config("", "")
   c.task.name = "arithmetic"
   c.model.chat_template = "yes"
-  with pytest.raises(ValueError, match=r"model.chat_template='yes': expected one of \('auto'"):
+  c.model.chat_template_kwargs = "enable_thinking=False"
+  with pytest.raises(ValueError) as e:
+    build.validate_config(c)
+  assert "model.chat_template='yes': expected one of ('auto'" in str(e.value)
+  assert "model.chat_template_kwargs='enable_thinking=False' is not valid JSON" in str(e.value)
+  c.model.chat_template = "off"
+  c.model.chat_template_kwargs = "[1]"
+  with pytest.raises(ValueError, match="must be a JSON object of template variables"):
     build.validate_config(c)
