@@ -70,3 +70,48 @@ def test_parquet_eval_file_and_an_over_long_row_named_by_file_and_row(tmp_path):
     assert len(task.heldout) == 2 and task.heldout_sources[-1].endswith("test.parquet:row 2")
   finally:
     task.close()
+
+
+@pytest.mark.slow
+def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_path):
+  """`python -m jaxreplay.launch` on the math task as a user sets it up: parquet training data, a
+  separate eval file, a reward plug-in, a tokenizer with Qwen3's special tokens, chat template and
+  generation_config eos ids (small ids: the tiny preset is sized to it), the async schedule."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import test_tokenizers as tt  # pylint: disable=g-import-not-at-top
+  import tiny_runs  # pylint: disable=g-import-not-at-top
+  special = {"<|endoftext|>": 97, "<|im_start|>": 98, "<|im_end|>": 99}
+  tok_dir = tmp_path / "tokenizer"
+  tt.write_tokenizer(str(tok_dir), special, {"<think>": 100, "</think>": 101}, tt.QWEN3,
+                     eos_token="<|im_end|>", pad_token="<|endoftext|>")
+  (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [99, 97]}))
+  write_parquet(tmp_path / "train.parquet", ROWS)
+  with open(tmp_path / "eval.jsonl", "w") as f:
+    f.writelines(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                 for i in range(4))
+  workdir = tmp_path / "run"
+  cmd = [tiny_runs.sys.executable, "-m", "jaxreplay.launch",
+         f"--config={tiny_runs.REPO}/configs/tiny.py", f"--workdir={workdir}",
+         "--config.model.path=", f"--config.model.tokenizer={tok_dir}", "--config.model.max_len=96",
+         "--config.task.name=math", f"--config.task.path={tmp_path / 'train.parquet'}",
+         f"--config.task.eval_path={tmp_path / 'eval.jsonl'}", "--config.task.template=plain",
+         "--config.task.reward_fn=reward_plugins:digits", "--config.task.num_reward_workers=2",
+         "--config.scheduler.kind=async", "--config.rollout.backend=jax",
+         "--config.rollout.num_workers=2", "--config.rollout.group_size=4",
+         "--config.rollout.max_tokens=8", "--config.buffer.size=32", "--config.buffer.batch_size=16",
+         "--config.total_steps=3", "--config.trainer.warmup_steps=1", "--config.eval.every=3",
+         "--config.eval.num_problems=4", "--config.eval.n_samples=2", "--config.eval.ks=(1,2)",
+         "--config.trainer.buckets=(64,96)", "--config.checkpoint.every=3"]
+  env = dict(tiny_runs.ENV, PYTHONPATH=os.pathsep.join(
+      [tiny_runs.REPO, os.path.join(tiny_runs.REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.run(cmd, cwd=tiny_runs.REPO, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert "stop ids [99, 97], chat template on" in proc.stderr
+  rows = tiny_runs.read_rows(str(workdir))
+  assert rows[-1]["step"] == 3
+  assert rows[-1]["reward/calls"] >= 3 * 16 and rows[-1]["reward/errors"] == 0
+  assert "eval/pass@1" in rows[-1]
+  config = json.load(open(workdir / "run_config.json"))
+  assert config["task"]["reward_fn"] == "reward_plugins:digits"
