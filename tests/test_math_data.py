@@ -58,7 +58,8 @@ def test_parquet_eval_file_and_an_over_long_row_named_by_file_and_row(tmp_path):
                                        eval_path=str(tmp_path / "test.parquet"), template="plain")
   try:
     # The eval problems (ROWS[:2] and the long one) are removed from training.
-    assert [p.prompt for p in task.heldout] == [r["problem"] for r in ROWS[:2]] + [long_row["problem"]]
+    held = [r["problem"] for r in ROWS[:2]] + [long_row["problem"]]
+    assert [p.prompt for p in task.heldout] == held
     assert [p.prompt for p in task.train] == [r["problem"] for r in ROWS[2:8]]
     assert task.heldout_sources[-1] == f"{tmp_path / 'test.parquet'}:row 3"
     codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset))
@@ -99,7 +100,8 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
          "--config.task.reward_fn=reward_plugins:digits", "--config.task.num_reward_workers=2",
          "--config.scheduler.kind=async", "--config.rollout.backend=jax",
          "--config.rollout.num_workers=2", "--config.rollout.group_size=4",
-         "--config.rollout.max_tokens=8", "--config.buffer.size=32", "--config.buffer.batch_size=16",
+         "--config.rollout.max_tokens=8", "--config.buffer.size=32",
+         "--config.buffer.batch_size=16",
          "--config.total_steps=3", "--config.trainer.warmup_steps=1", "--config.eval.every=3",
          "--config.eval.num_problems=4", "--config.eval.n_samples=2", "--config.eval.ks=(1,2)",
          "--config.trainer.buckets=(64,96)", "--config.checkpoint.every=3"]

@@ -239,7 +239,8 @@ def test_chat_template_modes_and_errors(tmp_path):
     tok_lib.load_tokenizer(char_dir, use_chat_template="on")
   with pytest.raises(ValueError, match=r"model.chat_template='yes': expected one of"):
     tok_lib.load_tokenizer(char_dir, use_chat_template="yes")
-  assert tok_lib.use_chat_template_mode(True, None) and not tok_lib.use_chat_template_mode(False, None)
+  assert tok_lib.use_chat_template_mode(True, None)
+  assert not tok_lib.use_chat_template_mode(False, None)
   c = _config("", "")
   c.task.name = "arithmetic"
   c.model.chat_template = "yes"

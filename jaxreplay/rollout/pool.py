@@ -3,8 +3,9 @@
 Each thread loops: apply the newest weights if its worker is behind, take a `PromptBatch` from the
 prompt source, `generate`, run the optional `prepare` stage (in this thread, concurrently with the
 other threads: e.g. scoring the completions) and hand a `Delivery` (the groups, tagged with the
-policy version that produced them, and what `prepare` returned) to the sink, one at a time. Weight refreshes are applied by the worker's own thread between two
-requests, so no request straddles a refresh.
+policy version that produced them, and what `prepare` returned) to the sink, one at a time.
+Weight refreshes are applied by the worker's own thread between two requests, so no request
+straddles a refresh.
 
 Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
 request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by

@@ -84,13 +84,14 @@ def import_reward_fn(spec: str) -> Callable[..., float]:
   try:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  (an ImportError, or the module's own)
-    raise ValueError(f"reward_fn={spec!r}: cannot import module {module_name!r} ({type(e).__name__}: "
-                     f"{e}); put it on PYTHONPATH (or in the directory you launch from) and check "
+    raise ValueError(f"reward_fn={spec!r}: cannot import module {module_name!r} "
+                     f"({type(e).__name__}: {e}); put it on PYTHONPATH (or in the directory you launch from) and check "
                      "that it imports on its own") from e
   for part in attr.split("."):
     if not hasattr(obj, part):
+      public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
       raise ValueError(f"reward_fn={spec!r}: module {module_name!r} has no attribute {attr!r}; "
-                       f"public names there: {sorted(n for n in dir(obj) if not n.startswith('_'))[:20]}")
+                       f"public names there: {public}")
     obj = getattr(obj, part)
   if not callable(obj):
     raise ValueError(f"reward_fn={spec!r} is a {type(obj).__name__}, not a function")
