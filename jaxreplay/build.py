@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 from typing import Any, Callable, Optional
 
@@ -144,6 +145,27 @@ def validate_config(c) -> None:
   if c.task.name == "math" and not c.task.path:
     errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
                   "answer fields>")
+  for key in ("eval_path", "reward_fn"):
+    if c.task[key] and c.task.name != "math":
+      errors.append(f"task.{key}={c.task[key]!r} is only read by task.name='math' (task.name="
+                    f"{c.task.name!r}); unset it or use the math task")
+  if c.task.eval_path and not os.path.exists(c.task.eval_path):
+    errors.append(f"task.eval_path={c.task.eval_path!r} does not exist: give a local .jsonl, "
+                  ".json or .parquet file (or a directory of them), e.g. MATH-500's test.jsonl")
+  if c.task.reward_fn and c.task.reward_fn.count(":") != 1:
+    errors.append(f"task.reward_fn={c.task.reward_fn!r}: expected 'module:function' (e.g. "
+                  "'my_rewards:score', a function (completion: str, answer: str) -> float in an "
+                  "importable module)")
+  if c.task.num_reward_workers < 1:
+    errors.append(f"task.num_reward_workers={c.task.num_reward_workers} must be >= 1 (reward "
+                  "processes of the math task)")
+  mode = c.model.chat_template
+  if not isinstance(mode, bool) and mode not in tasks.CHAT_TEMPLATE_MODES:
+    errors.append(f"model.chat_template={mode!r}: expected one of {tasks.CHAT_TEMPLATE_MODES}")
+  try:
+    chat_template_kwargs(c)
+  except ValueError as e:
+    errors.append(str(e))
   if jax.process_count() > 1 and c.scheduler.kind == "async":
     errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
                   "processes: multi-process trainers run every process's host pipeline in "
@@ -151,6 +173,22 @@ def validate_config(c) -> None:
                   "process)")
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def chat_template_kwargs(c) -> dict:
+  """model.chat_template_kwargs (a JSON object, "" = none) as a dict; ValueError naming the fix."""
+  text = c.model.chat_template_kwargs
+  if not text:
+    return {}
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"model.chat_template_kwargs={text!r} is not valid JSON ({e}); e.g. "
+                     "'{\"enable_thinking\": false}'") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"model.chat_template_kwargs={text!r} must be a JSON object of template "
+                     "variables, e.g. '{\"enable_thinking\": false}'")
+  return value
 
 
 def resolve_backend(c) -> str:
@@ -177,8 +215,10 @@ def make_task(c):
   elif t.name == "scratchpad":
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
   else:
-    kwargs = dict(path=t.path, problem_key=t.problem_key, answer_key=t.answer_key,
-                  template=t.template, reward_memory_gib=t.reward_memory_gib)
+    kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
+                  answer_key=t.answer_key, template=t.template,
+                  reward_memory_gib=t.reward_memory_gib, reward_fn=t.reward_fn or None,
+                  num_reward_workers=t.num_reward_workers)
   return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
 
 
@@ -198,7 +238,12 @@ def optimization(c):
 
 def load_codec(c, task, workdir: str):
   """(TextCodec, tokenizer dir): model.tokenizer, else model.path, else a character tokenizer of
-  a procedural task's charset written to workdir/tokenizer."""
+  a procedural task's charset written to workdir/tokenizer.
+
+  Stop ids: the tokenizer's eos plus every eos id of model.path (and of the tokenizer dir):
+  `tasks.model_eos_ids`, from generation_config.json and config.json. Prompts go through the
+  tokenizer's chat template per model.chat_template ("auto": when the tokenizer ships one),
+  with the variables of model.chat_template_kwargs."""
   tok_dir = c.model.tokenizer or c.model.path
   if not tok_dir:
     if c.task.name not in PROCEDURAL_TASKS:
@@ -208,7 +253,13 @@ def load_codec(c, task, workdir: str):
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
       tasks.build_char_tokenizer(task.charset, tok_dir)
-  return tasks.load_tokenizer(tok_dir), tok_dir
+  extra = tasks.model_eos_ids(c.model.path) if c.model.path else ()
+  codec = tasks.load_tokenizer(tok_dir, extra_stop_ids=extra,
+                               use_chat_template=c.model.chat_template,
+                               chat_template_kwargs=chat_template_kwargs(c))
+  logging.info("tokenizer %s: stop ids %s, chat template %s", tok_dir, list(codec.stop_ids),
+               "on" if codec.use_chat_template else "off")
+  return codec, tok_dir
 
 
 def model_config(c, codec) -> models.ModelConfig:

@@ -20,6 +20,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.preset = "tiny"          # jaxreplay.models.presets name, used when `path` is empty
   c.model.path = ""                # HF model dir (config.json + *.safetensors) to start from
   c.model.tokenizer = ""           # tokenizer dir; empty: the model dir
+  c.model.chat_template = "auto"   # prompts as a user turn of the tokenizer's chat template:
+                                   # auto (when the tokenizer ships one) | on | off
+  c.model.chat_template_kwargs = ""  # JSON object of template variables, e.g.
+                                   # '{"enable_thinking": false}' (Qwen3), '{"date_string":
+                                   # "26 Jul 2024"}' (Llama-3.x, else today's date)
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"
   c.model.remat = False
@@ -29,7 +34,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
-  c.task.path = ""                 # math: a local JSONL / parquet file
+  c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
+  c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
+                                   # removed from training; empty: a hashed 5% of task.path
   c.task.problem_key = "problem"
   c.task.answer_key = "answer"
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
@@ -37,6 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
   c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
+  c.task.reward_fn = ""            # math: "module:function", fn(completion: str, answer: str) ->
+                                   # float, run in the reward processes (time- and memory-limited
+                                   # as math-verify); empty: math-verify
+  c.task.num_reward_workers = 4    # math: reward processes; concurrent deliveries score in parallel
   c.task.max_skip_fraction = 0.01  # share of dataset rows (train; held-out separately) that may be
                                    # dropped at load for not fitting model.max_len (else an error)
 

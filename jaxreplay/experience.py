@@ -3,8 +3,9 @@
   PromptSource  the deterministic, resumable stream of training problems;
   Intake        request intake for both schedules: `next_request` hands out a `PromptBatch`
                 (or None while an on-policy queue is full), `deliver` scores a request's groups
-                and adds their rollouts to the buffer, `dropped` re-queues the prompts of a lost
-                request; it counts rollouts in flight, numbers groups and keeps fresh rewards;
+                and adds their rollouts to the buffer (`score` alone, outside any lock, lets
+                concurrent deliveries score in parallel), `dropped` re-queues the prompts of a
+                lost request; it counts rollouts in flight, numbers groups and keeps fresh rewards;
   score_groups / to_rollouts / groups_to_rollouts  decode, score, group-relative advantages.
 """
 from __future__ import annotations
@@ -190,18 +191,28 @@ class Intake:
     tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
     return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
 
-  def deliver(self, batch: PromptBatch, groups: Sequence[Group]) -> None:
-    """Scores the groups of `batch` and adds their rollouts to the buffer (all or nothing)."""
+  def score(self, batch: PromptBatch, groups: Sequence[Group]) -> np.ndarray:
+    """Rewards float32 [P, G] of the groups of `batch` (decoded and scored by the task). Holds no
+    lock: several threads may score at once (the task's reward processes are shared), e.g. the
+    async pool's `prepare` stage, before `deliver(..., rewards=...)` lands them."""
+    return score_groups(groups, [p for _, p in batch.meta], self.task, self.codec)
+
+  def deliver(self, batch: PromptBatch, groups: Sequence[Group],
+              rewards: Optional[np.ndarray] = None) -> None:
+    """Adds the rollouts of `batch`'s groups to the buffer (all or nothing), with advantages and
+    group ids; scores them first unless `rewards` (float32 [P, G], from `score`) is given. Group
+    ids are numbered in the order deliveries land in the buffer."""
     try:
-      items = batch.meta
-      with self._lock:
-        ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
-        self.next_group_id += len(groups)
-      rollouts, rewards = groups_to_rollouts(groups, [p for _, p in items], self.task, self.codec,
-                                             self.advantage_fn, ids)
+      if rewards is None:
+        rewards = self.score(batch, groups)
+      rewards = np.asarray(rewards, np.float32).reshape(len(groups), -1)
+      advantages = self.advantage_fn(rewards)
       with self.snapshot_lock:
-        self.buffer.add(rollouts)
-        self.prompts.delivered([i for i, _ in items])
+        with self._lock:
+          ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
+          self.next_group_id += len(groups)
+        self.buffer.add(to_rollouts(groups, rewards, advantages, ids))
+        self.prompts.delivered([i for i, _ in batch.meta])
         with self._lock:
           self._fresh_rewards.append(rewards.reshape(-1))
     finally:

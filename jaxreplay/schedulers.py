@@ -49,7 +49,7 @@ MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) 
 class Hooks(Protocol):
   """The pipeline's side of a schedule."""
 
-  intake: Any  # `jaxreplay.experience.Intake`: next_request / deliver / dropped
+  intake: Any  # `jaxreplay.experience.Intake`: next_request / score / deliver / dropped
 
   def done(self) -> bool:
     """Whether the run has finished (total_steps, or the compute budget, reached at a step end)."""
@@ -387,11 +387,14 @@ class AsyncScheduler:
 
     def deliver(delivery: Delivery) -> None:
       hooks.generated(delivery.groups, delivery.generate_seconds)
-      intake.deliver(delivery.batch, delivery.groups)
+      intake.deliver(delivery.batch, delivery.groups, rewards=delivery.prepared)
 
+    # Scoring is the pool's `prepare` stage: the worker threads score in parallel, outside the
+    # sink's lock; only the buffer insert is serialised.
     self.pool = WorkerPool(lambda i: self.make_worker(i, self.pool.target), self.num_workers,
                            lambda worker_index: intake.next_request(), deliver,
-                           initial_weights=hooks.latest_weights(), on_drop=intake.dropped)
+                           initial_weights=hooks.latest_weights(), on_drop=intake.dropped,
+                           prepare=lambda d: intake.score(d.batch, d.groups))
     self.pool.start()
     try:
       self._train(hooks)

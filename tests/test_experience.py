@@ -165,3 +165,23 @@ def test_intake_is_thread_safe_under_concurrent_delivery():
     t.join()
   assert len(buf) == 320 and intake.in_flight == 0
   assert sorted({r.group_id for r in buf.contents()}) == list(range(80))
+
+
+def test_deliver_with_rewards_scored_beforehand_lands_the_same_rollouts():
+  """The async pool scores in its `prepare` stage (`Intake.score`, outside any lock) and hands the
+  rewards to `deliver`: the same rollouts, advantages and group ids as scoring inside `deliver`."""
+  a, buf_a = make_intake()
+  b, buf_b = make_intake()
+  for right in ([True, False, False, True], [False, False, True, True]):
+    batch_a, batch_b = a.next_request(), b.next_request()
+    groups_a, groups_b = groups_for(batch_a, right), groups_for(batch_b, right)
+    a.deliver(batch_a, groups_a)
+    rewards = b.score(batch_b, groups_b)
+    np.testing.assert_array_equal(rewards, [right] * 2)  # [P, G]
+    b.deliver(batch_b, groups_b, rewards=rewards)
+  assert a.next_group_id == b.next_group_id == 4 and a.in_flight == b.in_flight == 0
+  state_a, state_b = buf_a.state_dict(), buf_b.state_dict()
+  assert len(state_a["reward"]) == 16 and set(state_a) == set(state_b)
+  for key in state_a:
+    np.testing.assert_array_equal(state_a[key], state_b[key], err_msg=key)
+  np.testing.assert_array_equal(a.take_fresh_rewards(), b.take_fresh_rewards())

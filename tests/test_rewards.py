@@ -196,3 +196,150 @@ def test_arithmetic_task_reward_matches_score_batch():
   np.testing.assert_array_equal(task.score_batch(completions, probs), expected)
   assert sum(expected) == sum(1 for i in range(50) if i % 3)
   task.close()
+
+
+# ---- reward plug-ins (task.reward_fn) ---------------------------------------------------------
+
+
+def _problems(tmp_path):
+  (tmp_path / "d.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n'
+                                    '{"problem": "3+4?", "answer": "7"}\n')
+  return math_data.load_math_dataset(str(tmp_path / "d.jsonl"), template="plain")
+
+
+def test_reward_plugin_runs_in_reward_processes_with_a_time_limit(tmp_path):
+  problems = _problems(tmp_path)
+  task = math_data.MathTask(problems, problems, reward_timeout_s=2.0, num_reward_workers=2,
+                            reward_fn="reward_plugins:digits")
+  try:
+    scores = task.score_batch(["the sum is 2", "it is 8", "7", "sleep"],
+                              [problems[0], problems[0], problems[1], problems[1]])
+    np.testing.assert_array_equal(scores, [1, 0, 1, 0])  # "sleep" ran past 2 s: 0
+    metrics = task.reward_metrics()
+    assert (metrics["reward/calls"], metrics["reward/timeouts"]) == (4, 1)
+    pid_score = task.reward("pid", problems[0])
+    assert pid_score >= 1000 and pid_score != 1000 + os.getpid() % 1000  # another process
+  finally:
+    task.close()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_such_module_here:score", "cannot import module 'no_such_module_here'"),
+    ("reward_plugins:missing", "has no attribute 'missing'"),
+    ("reward_plugins", "expected 'module:function'"),
+    ("reward_plugins:one_argument", r"cannot be called as fn\(completion: str, answer: str\)"),
+    ("reward_plugins:returns_text", "warm-up call .* failed: ValueError"),
+    ("reward_plugins:raises", "warm-up call .* failed: KeyError"),
+])
+def test_a_bad_reward_plugin_fails_at_build_naming_the_fix(tmp_path, spec, message):
+  problems = _problems(tmp_path)
+  with pytest.raises(ValueError, match=message):
+    math_data.MathTask(problems, problems, reward_timeout_s=5.0, reward_fn=spec)
+
+
+def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
+  from jaxreplay import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
+  _problems(tmp_path)
+  (tmp_path / "eval.jsonl").write_text('{"problem": "5+5?", "answer": "10"}\n')
+  c = base_config()
+  c.task.name = "math"
+  c.task.path = str(tmp_path / "d.jsonl")
+  c.task.eval_path = str(tmp_path / "eval.jsonl")
+  c.task.reward_fn = "reward_plugins:digits"
+  c.task.num_reward_workers = 3
+  build.validate_config(c)
+  task = build.make_task(c)
+  try:
+    assert [p.answer for p in task.heldout] == ["10"] and len(task.train) == 2
+    assert task.heldout_sources == [f"{tmp_path / 'eval.jsonl'}:1"]
+    assert task._safe.num_workers == 3  # pylint: disable=protected-access
+    assert task.score_batch(["= 10", "9"], task.heldout * 2).tolist() == [1.0, 0.0]
+  finally:
+    task.close()
+  c.task.eval_path = str(tmp_path / "missing.jsonl")
+  c.task.reward_fn = "reward_plugins.digits"
+  c.task.num_reward_workers = 0
+  with pytest.raises(ValueError) as e:
+    build.validate_config(c)
+  assert "task.eval_path=" in str(e.value) and "does not exist" in str(e.value)
+  assert "task.reward_fn='reward_plugins.digits': expected 'module:function'" in str(e.value)
+  assert "task.num_reward_workers=0 must be >= 1" in str(e.value)
+  c = base_config()
+  c.task.reward_fn = "reward_plugins:digits"
+  with pytest.raises(ValueError, match="task.reward_fn=.* is only read by task.name='math'"):
+    build.validate_config(c)
+
+
+# ---- concurrent deliveries score in parallel (off the pool's sink lock) ------------------------
+
+
+class _OneTokenWorker:
+  """A rollout worker whose completions are one token."""
+
+  def __init__(self, token):
+    self.policy_version = 0
+    self.token = token
+
+  def generate(self, prompts, n, sampling):
+    from jaxreplay.rollout.base import Completion, Group  # pylint: disable=g-import-not-at-top
+    return [Group(np.asarray(p), [Completion(np.asarray([self.token], np.int32),
+                                             np.zeros(1, np.float32), "length")
+                                  for _ in range(n)], 0, i) for i, p in enumerate(prompts)]
+
+  def load_weights(self, weights):
+    self.policy_version = weights.version
+
+  def close(self):
+    pass
+
+
+class _Hooks:
+  """The pipeline side of `AsyncScheduler` for deliveries only: done once `n` rollouts landed."""
+
+  def __init__(self, intake, n):
+    self.intake, self.n = intake, n
+
+  def done(self):
+    return len(self.intake.buffer) >= self.n
+
+  def latest_weights(self):
+    from jaxreplay.rollout.base import Weights  # pylint: disable=g-import-not-at-top
+    return Weights(0)
+
+  def generated(self, groups, seconds):
+    pass
+
+  def can_train(self):
+    return False
+
+
+def test_async_deliveries_score_in_parallel_reward_processes(tmp_path, monkeypatch):
+  """Two workers' deliveries, one completion each, scored by a reward that only returns 1.0 when
+  both calls are inside it at the same time (in two reward processes). Scoring under the pool's
+  sink lock would serialise them: the first call's wait runs out and scores 0.0."""
+  from jaxreplay import experience  # pylint: disable=g-import-not-at-top
+  from jaxreplay.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.base import SamplingParams  # pylint: disable=g-import-not-at-top
+  from jaxreplay.schedulers import AsyncScheduler  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("JAXREPLAY_TEST_RENDEZVOUS", str(tmp_path))  # read by the reward processes
+  problems = _problems(tmp_path)
+  task = math_data.MathTask(problems, problems, reward_timeout_s=60.0, num_reward_workers=2,
+                            reward_fn="reward_plugins:rendezvous")
+  try:
+    task._safe.start()  # pylint: disable=protected-access  (both processes up before the race)
+    codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset + "0123456789"))
+    intake = experience.Intake(task, codec, experience.PromptSource(task, seed=0),
+                               ReplayBuffer(16, seed=0), experience.make_advantage_fn("asymre"),
+                               SamplingParams(max_tokens=1), prompts_per_request=1, group_size=1)
+    token = int(codec.encode("2", add_bos=False)[0])
+    AsyncScheduler(lambda i, weights: _OneTokenWorker(token), num_workers=2).run(_Hooks(intake, 2))
+    rewards_seen = intake.take_fresh_rewards()
+    assert len(rewards_seen) >= 2
+    assert 0.0 not in rewards_seen.tolist()
+    assert rewards_seen.tolist().count(1.0) == 2  # the two rendezvous calls met
+    pids = {(tmp_path / f"ticket{i}").read_text() for i in range(2)}
+    assert len(pids) == 2  # in two reward processes
+  finally:
+    task.close()

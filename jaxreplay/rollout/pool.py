@@ -1,14 +1,16 @@
 """A pool of W rollout workers, each driven by its own host thread.
 
 Each thread loops: apply the newest weights if its worker is behind, take a `PromptBatch` from the
-prompt source, `generate`, and hand a `Delivery` (the groups, tagged with the policy version that
-produced them) to the sink. Weight refreshes are applied by the worker's own thread between two
-requests, so no request straddles a refresh.
+prompt source, `generate`, run the optional `prepare` stage (in this thread, concurrently with the
+other threads: e.g. scoring the completions) and hand a `Delivery` (the groups, tagged with the
+policy version that produced them, and what `prepare` returned) to the sink, one at a time.
+Weight refreshes are applied by the worker's own thread between two requests, so no request
+straddles a refresh.
 
 Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
 request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
 `make_worker(i)`, the new worker is refreshed to the newest weights, and the thread goes on. Any
-other exception (from a worker, the source or the sink) is a bug: the pool stops and
+other exception (from a worker, the source, `prepare` or the sink) is a bug: the pool stops and
 `raise_if_failed()` re-raises it.
 """
 from __future__ import annotations
@@ -46,10 +48,12 @@ class Delivery:
   policy_version: int
   generate_seconds: float
   num_tokens: int
+  prepared: Any = None  # what the pool's `prepare` returned for it (None without one)
 
 
 PromptSource = Callable[[int], Optional[PromptBatch]]  # worker index -> a batch, or None (none now)
 Sink = Callable[[Delivery], None]
+Prepare = Callable[[Delivery], Any]
 DropHandler = Callable[[PromptBatch, BaseException], None]
 
 
@@ -149,6 +153,8 @@ class _WorkerRunner:
     tokens = sum(len(c.tokens) for g in groups for c in g.completions)
     delivery = Delivery(groups=groups, batch=batch, worker_index=self.index, policy_version=version,
                         generate_seconds=seconds, num_tokens=tokens)
+    if pool.prepare is not None:
+      delivery.prepared = pool.prepare(delivery)  # no lock: the threads prepare in parallel
     pool._deliver(delivery)  # pylint: disable=protected-access
     self.requests += 1
     self.groups += len(groups)
@@ -209,6 +215,9 @@ class WorkerPool:
       then waits `idle_sleep_s`). Called under a lock (one call at a time); it should not block
       long, or `stop` waits for it.
     sink: receives each `Delivery`; called under a lock (one call at a time).
+    prepare: optional; Delivery -> anything, called in the worker's thread before the sink and
+      outside its lock (several at once: it must be thread-safe), its result in
+      `Delivery.prepared`. The slow, parallel part of a delivery (scoring rewards) goes here.
     initial_weights: the `Weights` new workers are brought to before their first request.
     max_restarts: per worker slot, for deaths and for failed starts; beyond it the pool fails.
     on_drop: called with each dropped request (its worker died, or the pool stopped) so that the
@@ -219,7 +228,7 @@ class WorkerPool:
                source: PromptSource, sink: Sink, *,
                initial_weights: Optional[Weights] = None, max_restarts: int = 5,
                restart_backoff_s: float = 1.0, idle_sleep_s: float = 0.05,
-               on_drop: Optional[DropHandler] = None):
+               on_drop: Optional[DropHandler] = None, prepare: Optional[Prepare] = None):
     if num_workers < 1:
       raise ValueError(f"num_workers={num_workers} must be >= 1")
     self.make_worker = make_worker
@@ -230,6 +239,7 @@ class WorkerPool:
     self.restart_backoff_s = float(restart_backoff_s)
     self.idle_sleep_s = float(idle_sleep_s)
     self.on_drop = on_drop
+    self.prepare = prepare
     self._target: Optional[Weights] = initial_weights
     self._stop = threading.Event()
     self._state_lock = threading.Lock()

@@ -6,16 +6,20 @@ Every task has `sample(rng, n)`, `eval_set(n)`, `reward(completion, problem)`,
 from jaxreplay.tasks.arithmetic import ArithmeticTask, Problem, is_heldout, problem_id
 from jaxreplay.tasks.math_data import (PROMPT_TEMPLATES, MathTask, load_math_dataset,
                                        split_heldout)
-from jaxreplay.tasks.rewards import SafeReward, exact_match_reward, math_verify_reward
+from jaxreplay.tasks.rewards import (PluginReward, SafeReward, exact_match_reward,
+                                     import_reward_fn, math_verify_reward)
 from jaxreplay.tasks.scratchpad import ScratchpadAdditionTask, scratchpad_reward, worked_solution
-from jaxreplay.tasks.tokenizer import (TextCodec, build_char_tokenizer,
-                                       check_tokenizer_matches_model, load_tokenizer)
+from jaxreplay.tasks.tokenizer import (CHAT_TEMPLATE_MODES, TextCodec, build_char_tokenizer,
+                                       check_tokenizer_matches_model, has_chat_template,
+                                       load_tokenizer, model_eos_ids, use_chat_template_mode)
 
 __all__ = [
-    "ArithmeticTask", "MathTask", "Problem", "PROMPT_TEMPLATES", "SafeReward",
-    "ScratchpadAdditionTask", "TextCodec", "build_char_tokenizer", "check_tokenizer_matches_model",
-    "exact_match_reward", "is_heldout", "load_math_dataset", "load_tokenizer", "make_task",
-    "math_verify_reward", "problem_id", "scratchpad_reward", "split_heldout", "worked_solution",
+    "ArithmeticTask", "CHAT_TEMPLATE_MODES", "MathTask", "PluginReward", "Problem",
+    "PROMPT_TEMPLATES", "SafeReward", "ScratchpadAdditionTask", "TextCodec",
+    "build_char_tokenizer", "check_tokenizer_matches_model", "exact_match_reward",
+    "has_chat_template", "import_reward_fn", "is_heldout", "load_math_dataset", "load_tokenizer",
+    "make_task", "math_verify_reward", "model_eos_ids", "problem_id", "scratchpad_reward",
+    "split_heldout", "use_chat_template_mode", "worked_solution",
 ]
 
 

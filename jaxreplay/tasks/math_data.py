@@ -9,7 +9,7 @@ import glob
 import io
 import json
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -66,9 +66,14 @@ def _read_rows(path: str) -> list[tuple[str, dict]]:
     try:
       import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     except ImportError as e:
-      raise ImportError(f"reading {path!r} needs pyarrow: `pip install pyarrow`, or convert the "
-                        "file to JSONL") from e
-    return [(f"{path}:row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist(), 1)]
+      raise ImportError(f"reading {path!r} needs pyarrow, a dependency of jaxreplay: `pip install "
+                        "pyarrow` (or reinstall jaxreplay), or convert the file to JSONL") from e
+    try:
+      table = pq.read_table(path)
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow's ArrowInvalid, OSError, ...)
+      raise ValueError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}); check "
+                       "that the download finished, or convert the file to JSONL") from e
+    return [(f"{path}:row {i}", row) for i, row in enumerate(table.to_pylist(), 1)]
   if path.endswith(".json"):
     with open(path, "rb") as f:
       raw = f.read()
@@ -171,16 +176,25 @@ def _sources(sources: Optional[Sequence[str]], n: int, what: str) -> list[str]:
   return list(sources)
 
 
+WARMUP_ARGS = ("\\boxed{1}", "1")  # (completion, answer) of the reward's warm-up call
+
+
 class MathTask(rewards_lib.SafeScoring):
   """A math dataset task: uniform sampling of training problems, a fixed eval set, math-verify reward.
 
   Args:
     train: training problems.
     heldout: evaluation problems (disjoint from `train`).
-    reward_timeout_s: time limit of one math-verify call [s].
-    num_reward_workers: reward child processes (`score_batch` spreads a batch over them).
-    reward_memory_gib: address space one math-verify call may add to its child process [GiB]
+    reward_timeout_s: time limit of one reward call [s].
+    num_reward_workers: reward child processes (`score_batch` spreads a batch over them, and
+      concurrent `score_batch` calls share them).
+    reward_memory_gib: address space one reward call may add to its child process [GiB]
       (`SafeReward.memory_limit_gib`; None: no limit).
+    reward_fn: None (math-verify), a "module:function" plug-in, or a module-level function;
+      called as fn(completion: str, answer: str) -> float in the reward processes, with the
+      same time and memory limits. A plug-in is imported here and in each reward process, and
+      called once on ("\\boxed{1}", "1") before the task is returned: an import error, a wrong
+      signature, an exception or a non-number raises ValueError then, not mid-run.
     train_sources, heldout_sources: where each problem's row is ("file.jsonl:LINE"), for messages;
       default "train row i" / "held-out row i".
 
@@ -196,7 +210,8 @@ class MathTask(rewards_lib.SafeScoring):
                reward_timeout_s: float = 5.0, num_reward_workers: int = 1,
                reward_memory_gib: Optional[float] = 2.0,
                train_sources: Optional[Sequence[str]] = None,
-               heldout_sources: Optional[Sequence[str]] = None):
+               heldout_sources: Optional[Sequence[str]] = None,
+               reward_fn: Union[None, str, Callable[[str, str], float]] = None):
     if not train:
       raise ValueError("MathTask: no training problems")
     if not heldout:
@@ -204,10 +219,29 @@ class MathTask(rewards_lib.SafeScoring):
     self.train, self.heldout = list(train), list(heldout)
     self.train_sources = _sources(train_sources, len(self.train), "train")
     self.heldout_sources = _sources(heldout_sources, len(self.heldout), "held-out")
+    fn = rewards_lib.math_verify_reward if reward_fn is None else reward_fn
+    if isinstance(fn, str):
+      rewards_lib.import_reward_fn(fn)  # fail here, naming the fix, not in a reward process
+      fn = rewards_lib.PluginReward(fn)
     self._safe = rewards_lib.SafeReward(
-        rewards_lib.math_verify_reward, timeout_s=reward_timeout_s, backend="process",
-        num_workers=num_reward_workers, warmup_args=("\\boxed{1}", "1"),
-        memory_limit_gib=reward_memory_gib)
+        fn, timeout_s=reward_timeout_s, backend="process", num_workers=num_reward_workers,
+        warmup_args=WARMUP_ARGS, memory_limit_gib=reward_memory_gib)
+    if reward_fn is not None:
+      self._check_reward(reward_fn)
+
+  def _check_reward(self, reward_fn) -> None:
+    """One uncounted call of a plug-in reward in a reward process; ValueError unless it returns a
+    finite number."""
+    status, value = self._safe.try_call(*WARMUP_ARGS)
+    if status == "ok":
+      return
+    self._safe.close()
+    detail = {"timeout": f"took over reward_timeout_s={self._safe.timeout_s} s",
+              "memory": "ran over reward_memory_gib"}.get(status, f"failed: {value}")
+    raise ValueError(f"reward_fn={reward_fn!r}: its warm-up call fn{WARMUP_ARGS!r} in a reward "
+                     f"process {detail}. It must take (completion: str, answer: str), return a "
+                     "finite float, and import in a fresh interpreter (the module must be on "
+                     "PYTHONPATH)")
 
   @classmethod
   def from_files(cls, path: str, eval_path: Optional[str] = None, problem_key: str = "problem",

@@ -56,8 +56,7 @@ def _batched_lengths(codec, texts: Sequence[str]) -> Optional[list[int]]:
     return None
   try:
     if codec.use_chat_template:
-      rendered = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                          add_generation_prompt=True) for t in texts]
+      rendered = [codec.render_chat(t) for t in texts]  # the template and its kwargs
       extra = 0  # encode_prompt adds no bos after a chat template
     else:
       rendered = list(texts)

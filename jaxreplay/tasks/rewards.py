@@ -16,6 +16,8 @@ answers 0), instead of growing until the machine swaps.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
+import inspect
 import logging
 import math
 import pickle
@@ -66,6 +68,65 @@ def math_verify_reward(completion: str, answer: str) -> float:
   if not pred:
     return 0.0
   return float(verify(gold, pred, timeout_seconds=None))
+
+
+# ---- reward plug-ins: task.reward_fn = "module:function" ---------------------------------------
+
+
+def import_reward_fn(spec: str) -> Callable[..., float]:
+  """The function named by `spec` = "module:function" (dots allowed in both parts, e.g.
+  "my_pkg.rewards:Scorer.score"). Raises ValueError naming the problem and the fix when the module
+  cannot be imported, the attribute is missing, it is not callable, or it cannot be called as
+  fn(completion, answer)."""
+  if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+    raise ValueError(f"reward_fn={spec!r}: expected 'module:function' (e.g. 'my_rewards:score')")
+  module_name, attr = spec.split(":")
+  try:
+    obj = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-except  (an ImportError, or the module's own)
+    raise ValueError(f"reward_fn={spec!r}: cannot import module {module_name!r} "
+                     f"({type(e).__name__}: {e}); put it on PYTHONPATH (or in the directory you launch from) and check "
+                     "that it imports on its own") from e
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
+      raise ValueError(f"reward_fn={spec!r}: module {module_name!r} has no attribute {attr!r}; "
+                       f"public names there: {public}")
+    obj = getattr(obj, part)
+  if not callable(obj):
+    raise ValueError(f"reward_fn={spec!r} is a {type(obj).__name__}, not a function")
+  try:
+    inspect.signature(obj).bind("completion", "answer")
+  except TypeError as e:
+    raise ValueError(f"reward_fn={spec!r} cannot be called as fn(completion: str, answer: str) "
+                     f"({e}); its signature is {spec.split(':')[1]}{inspect.signature(obj)}") from e
+  except ValueError:
+    pass  # a builtin without a signature: the warm-up call checks it
+  return obj
+
+
+class PluginReward:
+  """A picklable reward that imports `spec` ("module:function") where it is first called: in a
+  reward child process, the function never crosses a pipe (only its name does).
+
+  Called as fn(completion: str, answer: str) -> float, like `math_verify_reward`.
+  """
+
+  def __init__(self, spec: str):
+    self.spec = spec
+    self.__name__ = spec  # SafeReward's messages name the function
+    self._fn: Optional[Callable[..., float]] = None
+
+  def __getstate__(self):
+    return {"spec": self.spec}
+
+  def __setstate__(self, state):
+    self.__init__(state["spec"])
+
+  def __call__(self, completion: str, answer: str) -> float:
+    if self._fn is None:
+      self._fn = import_reward_fn(self.spec)
+    return self._fn(completion, answer)
 
 
 # ---- worker slots: one call at a time, with a deadline ---------------------------------------
@@ -272,8 +333,10 @@ class SafeReward:
                       if num_workers > 1 else None)
     self._closed = False
 
-  def __call__(self, *args) -> float:
-    """The reward of one call; 0.0 on error, timeout, memory limit or a non-finite value."""
+  def try_call(self, *args) -> tuple[str, Any]:
+    """One call, not counted: (status, value) with status "ok" (value: the float reward),
+    "error" (value: the error text), "timeout" or "memory". For checks at start-up (a reward
+    plug-in's warm-up call)."""
     if self._closed:
       raise RuntimeError("SafeReward is closed")
     slot = self._free.get()
@@ -283,6 +346,11 @@ class SafeReward:
       self._free.put(slot)
     if status == "ok" and not math.isfinite(value):
       status, value = "error", f"non-finite reward {value}"
+    return status, value
+
+  def __call__(self, *args) -> float:
+    """The reward of one call; 0.0 on error, timeout, memory limit or a non-finite value."""
+    status, value = self.try_call(*args)
     with self._lock:
       self._counts["reward/calls"] += 1
       if status == "timeout":

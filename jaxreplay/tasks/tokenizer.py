@@ -8,13 +8,16 @@ package).
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3 in a char tokenizer
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# `model.chat_template`: "auto" applies the tokenizer's chat template when it ships one.
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 
 def build_char_tokenizer(chars: Sequence[str], out_dir: Optional[str] = None):
@@ -57,16 +60,19 @@ class TextCodec:
 
   Attributes:
     tokenizer: the wrapped HF tokenizer.
-    vocab_size: number of ids the tokenizer can emit (base vocab + added tokens).
+    vocab_size: 1 + the largest id the tokenizer can emit (base vocab + added tokens).
     eos_id: the end-of-sequence id (generation stops there).
     stop_ids: all ids that end a completion (eos plus `extra_stop_ids`), a tuple for SamplingParams.
     pad_id: padding id (falls back to eos_id when the tokenizer has no pad token, as Qwen's).
     bos_id: prepended by `encode` when not None (Qwen tokenizers have none).
     use_chat_template: `encode_prompt` wraps text as a user turn of the tokenizer's chat template.
+    chat_template_kwargs: extra variables of the template (e.g. Qwen3's `enable_thinking=False`,
+      Llama-3's `date_string`, which otherwise is today's date).
   """
 
   def __init__(self, tokenizer: Any, extra_stop_ids: Sequence[int] = (),
-               use_chat_template: bool = False):
+               use_chat_template: bool = False,
+               chat_template_kwargs: Optional[Mapping[str, Any]] = None):
     self.tokenizer = tokenizer
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -76,10 +82,15 @@ class TextCodec:
     self.stop_ids = tuple(dict.fromkeys([self.eos_id] + [int(i) for i in extra_stop_ids]))
     self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
     self.bos_id = None if tokenizer.bos_token_id is None else int(tokenizer.bos_token_id)
-    self.vocab_size = int(len(tokenizer))
-    if use_chat_template and not getattr(tokenizer, "chat_template", None):
-      raise ValueError("use_chat_template=True but the tokenizer has no chat_template")
-    self.use_chat_template = use_chat_template
+    # The id range, not the count: ids must index the embedding table, and a vocabulary may skip
+    # ids (equal to len(tokenizer) for the usual contiguous ones).
+    self.vocab_size = max(int(len(tokenizer)), max(tokenizer.get_vocab().values(), default=-1) + 1)
+    if use_chat_template and not has_chat_template(tokenizer):
+      raise ValueError("use_chat_template=True but the tokenizer has no chat_template: set "
+                       "model.chat_template='off' (or 'auto'), or use a tokenizer that ships one "
+                       "(`chat_template` in tokenizer_config.json, or chat_template.jinja)")
+    self.use_chat_template = bool(use_chat_template)
+    self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
   def encode(self, text: str, add_bos: bool = True) -> np.ndarray:
     """int32 [L] ids of `text`, with bos_id first when `add_bos` and the tokenizer has one."""
@@ -93,9 +104,14 @@ class TextCodec:
     generation prompt) when `use_chat_template`, else `encode(text)`."""
     if not self.use_chat_template:
       return self.encode(text)
-    rendered = self.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return self.encode(rendered, add_bos=False)
+    return self.encode(self.render_chat(text), add_bos=False)
+
+  def render_chat(self, text: str) -> str:
+    """`text` as one user message of the chat template, with the assistant's generation prompt
+    (the template writes any bos token itself)."""
+    return self.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
+        **self.chat_template_kwargs)
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` up to (excluding) the first stop id, special tokens skipped."""
@@ -112,9 +128,67 @@ class TextCodec:
     self.tokenizer.save_pretrained(out_dir)
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+  """Whether the HF tokenizer ships a chat template."""
+  return bool(getattr(tokenizer, "chat_template", None))
+
+
+def use_chat_template_mode(mode: Union[str, bool], tokenizer: Any) -> bool:
+  """`model.chat_template` -> whether prompts go through the tokenizer's chat template.
+
+  `mode`: "auto" (on when the tokenizer ships a template: instruct and hybrid-thinking models such
+  as Qwen3 and Llama-3.x-Instruct do; character tokenizers do not), "on" (an error when there is
+  none), "off"; True / False mean "on" / "off".
+  """
+  if isinstance(mode, bool):
+    mode = "on" if mode else "off"
+  if mode not in CHAT_TEMPLATE_MODES:
+    raise ValueError(f"model.chat_template={mode!r}: expected one of {CHAT_TEMPLATE_MODES} "
+                     "(or a bool)")
+  if mode == "auto":
+    return has_chat_template(tokenizer)
+  return mode == "on"
+
+
+def _eos_field(path: str) -> list[int]:
+  """The `eos_token_id` of a JSON file (an int, a list of ints, or absent) as a list."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      eos = json.load(f).get("eos_token_id")
+  except FileNotFoundError:
+    return []
+  except (ValueError, AttributeError) as e:
+    raise ValueError(f"{path}: cannot read eos_token_id ({e}); fix the JSON file") from e
+  if eos is None:
+    return []
+  values = eos if isinstance(eos, list) else [eos]
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    raise ValueError(f"{path}: eos_token_id={eos!r} must be an int or a list of ints")
+  return [int(v) for v in values]
+
+
+def model_eos_ids(model_dir: str) -> tuple[int, ...]:
+  """Every end-of-sequence id a model directory declares: the union, in order, of `eos_token_id`
+  (an int or a list) in its generation_config.json and config.json; () when neither sets one.
+
+  E.g. Qwen3-8B: (151645, 151643) (<|im_end|>, <|endoftext|>); Llama-3.2-3B-Instruct:
+  (128001, 128008, 128009) (<|end_of_text|>, <|eom_id|>, <|eot_id|>). Generation must stop at
+  any of them: `load_tokenizer(extra_stop_ids=...)` adds them to the tokenizer's own eos.
+  """
+  ids = (_eos_field(os.path.join(model_dir, "generation_config.json")) +
+         _eos_field(os.path.join(model_dir, "config.json")))
+  return tuple(dict.fromkeys(ids))
+
+
 def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = (),
-                   use_chat_template: bool = False) -> TextCodec:
-  """A `TextCodec` over the HF tokenizer in directory `path` (e.g. a model directory)."""
+                   use_chat_template: Union[str, bool] = False,
+                   chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> TextCodec:
+  """A `TextCodec` over the HF tokenizer in directory `path` (e.g. a model directory).
+
+  Its stop ids are the tokenizer's eos, `extra_stop_ids` and the eos ids that `path` itself
+  declares (`model_eos_ids`: generation_config.json / config.json, when present).
+  `use_chat_template`: a bool, or a `model.chat_template` mode ("auto", "on", "off").
+  """
   # Imported here: jaxreplay.models imports jax, which importing jaxreplay.tasks must not.
   from jaxreplay.models import safetensors_io  # pylint: disable=g-import-not-at-top
   markers = safetensors_io.TOKENIZER_MARKERS
@@ -126,7 +200,10 @@ def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = (),
         "directory of a Hugging Face model or one written by build_char_tokenizer(chars, out_dir)")
   from transformers import AutoTokenizer
   tok = AutoTokenizer.from_pretrained(path)
-  return TextCodec(tok, extra_stop_ids=extra_stop_ids, use_chat_template=use_chat_template)
+  stops = tuple(int(i) for i in extra_stop_ids) + model_eos_ids(path)
+  return TextCodec(tok, extra_stop_ids=stops,
+                   use_chat_template=use_chat_template_mode(use_chat_template, tok),
+                   chat_template_kwargs=chat_template_kwargs)
 
 
 def check_tokenizer_matches_model(tokenizer: Any, model_cfg: Any) -> None:
@@ -134,17 +211,21 @@ def check_tokenizer_matches_model(tokenizer: Any, model_cfg: Any) -> None:
 
   `tokenizer` is a TextCodec or an HF tokenizer; `model_cfg` a `ModelConfig`. Checks that every
   token id fits in the embedding table (tokenizer vocab <= model vocab_size; the model may be larger,
-  as Qwen pads its table) and that the model's eos id, when set, is one of the tokenizer's stop ids.
+  as Qwen pads its table) and that the model's eos id, when set, is one of the codec's stop ids
+  (any of them: a model may declare several, e.g. Llama-3.2-Instruct's <|end_of_text|> and
+  <|eot_id|>, and `ModelConfig` keeps the first).
   """
   codec = tokenizer if isinstance(tokenizer, TextCodec) else TextCodec(tokenizer)
   if codec.vocab_size > model_cfg.vocab_size:
     raise ValueError(
-        f"tokenizer/model mismatch: the tokenizer has {codec.vocab_size} tokens but the model's "
-        f"vocab_size is {model_cfg.vocab_size}; ids >= {model_cfg.vocab_size} have no embedding. "
+        f"tokenizer/model mismatch: the tokenizer's ids go up to {codec.vocab_size - 1} but the "
+        f"model's vocab_size is {model_cfg.vocab_size}; ids >= {model_cfg.vocab_size} have no "
+        "embedding. "
         "Use the tokenizer saved with this model, or build the model with a larger vocab_size")
   eos = model_cfg.eos_token_id
   if eos is not None and int(eos) not in codec.stop_ids:
     raise ValueError(
         f"tokenizer/model mismatch: the model's eos_token_id={eos} but the tokenizer stops at "
-        f"{list(codec.stop_ids)}; set ModelConfig.eos_token_id={codec.eos_id} or pass the model's "
-        "eos as an extra stop id")
+        f"{list(codec.stop_ids)}; use the tokenizer saved with this model, add the model's eos "
+        "ids to its generation_config.json (`eos_token_id`: an int or a list), or set "
+        f"ModelConfig.eos_token_id={codec.eos_id}")
