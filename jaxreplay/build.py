@@ -23,6 +23,7 @@ from jaxreplay import algorithms
 from jaxreplay import buffer as buffer_lib
 from jaxreplay import checkpoint as checkpoint_lib
 from jaxreplay import devices as devices_lib
+from jaxreplay import evaluation
 from jaxreplay import memory_plan
 from jaxreplay import metrics as metrics_lib
 from jaxreplay import models
@@ -90,6 +91,9 @@ def validate_config(c) -> None:
   if c.eval.passk_grid and not set(c.eval.passk_grid) <= set(c.eval.compute_grid):
     errors.append(f"eval.passk_grid={tuple(c.eval.passk_grid)} must be a subset of "
                   f"eval.compute_grid={tuple(c.eval.compute_grid)}")
+  if c.eval.backend not in evaluation.EVAL_BACKENDS:
+    errors.append(f"eval.backend={c.eval.backend!r}: expected one of {evaluation.EVAL_BACKENDS} "
+                  "(auto: the rollout engines when rollout.backend='vllm', else the trainer)")
   if c.buffer.on_policy_order not in buffer_lib.CONSUME_ORDERS:
     errors.append(f"buffer.on_policy_order={c.buffer.on_policy_order!r}: expected one of "
                   f"{buffer_lib.CONSUME_ORDERS}")
@@ -197,6 +201,16 @@ def resolve_backend(c) -> str:
     c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
     logging.info("rollout.backend=auto -> %s", c.rollout.backend)
   return c.rollout.backend
+
+
+def resolve_eval_backend(c) -> str:
+  """Sets eval.backend="auto" to "engines" or "trainer" (`evaluation.resolve_eval_backend`, after
+  `resolve_backend`); returns it."""
+  resolved = evaluation.resolve_eval_backend(c.eval.backend, resolve_backend(c))
+  if resolved != c.eval.backend:
+    logging.info("eval.backend=%s -> %s", c.eval.backend, resolved)
+    c.eval.backend = resolved
+  return resolved
 
 
 def check_vllm_available() -> None:
@@ -325,7 +339,7 @@ class Parts:
   writer: metrics_lib.MetricsWriter
   checkpointer: checkpoint_lib.Checkpointer
   resumed_host: Optional[dict]
-  eval_sampler: JaxSampler
+  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
   eval_problems: list
   buckets: tuple
   gen_seconds_per_rollout: float
@@ -335,6 +349,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   """Validates `c` and builds every part of the run in `workdir` (see the module docstring)."""
   validate_config(c)
   resolve_backend(c)
+  resolve_eval_backend(c)
   if c.rollout.backend == "vllm":
     check_vllm_available()
   task = make_task(c)
@@ -405,9 +420,11 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   rollouts = RolloutBackend(c, model_cfg, codec.stop_ids)
   stack.callback(rollouts.close)
-  eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
-                            batch_size=c.eval.batch_size or c.rollout.sampler_batch_size,
-                            eos_token_ids=codec.stop_ids, seed=c.seed + 1)
+  eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
+  if c.eval.backend == "trainer":
+    eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
+                              batch_size=c.eval.batch_size or c.rollout.sampler_batch_size,
+                              eos_token_ids=codec.stop_ids, seed=c.seed + 1)
   gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
                              c.buffer.batch_size)
   return Parts(

@@ -135,6 +135,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.temperature_pass1 = 0.1
   c.eval.temperature_passk = 1.0
   c.eval.top_p = 1.0               # the paper evaluates at top_p 0.95
+  c.eval.backend = "auto"          # where evaluation samples: engines (the rollout workers, between
+                                   # requests: no KV cache on the trainer devices) | trainer (a JAX
+                                   # sampler beside the train state) | auto (engines when
+                                   # rollout.backend is vllm, else trainer); run_config.json records
+                                   # the resolved value
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 20          # steps

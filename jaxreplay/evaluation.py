@@ -4,11 +4,17 @@ pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): w
 which c are correct, the unbiased estimate of P(at least one of k samples is correct) is
 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i), computed here as a product (no huge
 binomials).
+
+Where evaluation runs (`config.eval.backend`, `resolve_eval_backend`): "trainer" samples with a
+`JaxSampler` on the trainer devices (its own KV cache beside the train state); "engines" sends the
+same requests to the rollout workers (`engine_jobs`: one job per request, run by a worker between two
+rollout requests, at the evaluated policy version); "auto" is "engines" when rollout.backend is
+"vllm", else "trainer". The requests and their scoring are the same either way.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -16,6 +22,55 @@ from jaxreplay.experience import score_groups
 from jaxreplay.rollout.base import Group, SamplingParams
 
 GenerateFn = Callable[[Sequence[np.ndarray], int, SamplingParams], list[Group]]
+# One generate call's arguments: (prompts int32 [Lp] each, n samples per prompt, settings).
+Request = tuple[list[np.ndarray], int, SamplingParams]
+# Runs requests (in any order, possibly concurrently) and returns their groups in request order.
+GenerateManyFn = Callable[[list[Request]], list[list[Group]]]
+
+EVAL_BACKENDS = ("auto", "engines", "trainer")
+
+
+def resolve_eval_backend(eval_backend: str, rollout_backend: str) -> str:
+  """Where evaluation runs: "engines" (the rollout workers) or "trainer" (a JaxSampler on the
+  trainer devices, whose KV cache the memory plan counts).
+
+  Args:
+    eval_backend: config.eval.backend: "auto" | "engines" | "trainer".
+    rollout_backend: config.rollout.backend after `build.resolve_backend`: "jax" | "vllm".
+
+  "auto" resolves to "engines" exactly when rollout_backend == "vllm".
+  """
+  if eval_backend not in EVAL_BACKENDS:
+    raise ValueError(f"eval.backend={eval_backend!r}: expected one of {EVAL_BACKENDS} (auto: the "
+                     "vLLM engines when rollout.backend='vllm', else the trainer's JAX sampler)")
+  if rollout_backend not in ("jax", "vllm"):
+    raise ValueError(f"rollout.backend={rollout_backend!r}: resolve 'auto' first "
+                     "(build.resolve_backend) before resolving eval.backend")
+  if eval_backend == "auto":
+    return "engines" if rollout_backend == "vllm" else "trainer"
+  return eval_backend
+
+
+def engine_jobs(requests: Sequence[Request], first_call: int) -> list[Callable[[Any], list[Group]]]:
+  """One job per request for a rollout worker: `job(worker) -> worker.generate(*request)`.
+
+  A worker that counts its calls (`call_count`: the JAX sampler's noise stream, which a resumed
+  simulated run continues) draws job j's noise from call index `first_call + j` and gets its own
+  count back afterwards, so evaluation leaves the rollouts' noise untouched and its own noise
+  follows the checkpointed eval counter (`first_call`). Other workers (vLLM) just generate.
+  """
+  def make(j: int, request: Request) -> Callable[[Any], list[Group]]:
+    def job(worker) -> list[Group]:
+      if not hasattr(worker, "call_count"):
+        return worker.generate(*request)
+      saved = worker.call_count
+      worker.call_count = first_call + j
+      try:
+        return worker.generate(*request)
+      finally:
+        worker.call_count = saved
+    return job
+  return [make(j, r) for j, r in enumerate(requests)]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -52,13 +107,17 @@ def pass_at_k_array(correct: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
   return {int(k): float(pass_at_k_per_problem(correct, k).mean()) for k in ks}
 
 
-def _sample(generate_fn: GenerateFn, prompts: list[np.ndarray], n: int, sampling: SamplingParams,
-            batch_size: Optional[int]) -> list[Group]:
+def _requests(prompts: list[np.ndarray], n: int, sampling: SamplingParams,
+              batch_size: Optional[int]) -> list[Request]:
   step = batch_size or len(prompts)
+  return [(prompts[start:start + step], n, sampling) for start in range(0, len(prompts), step)]
+
+
+def _collect(requests: Sequence[Request], outputs: Sequence[list[Group]]) -> list[Group]:
+  """The groups of `requests` (one per prompt, in prompt order), checked against the requests."""
   groups: list[Group] = []
-  for start in range(0, len(prompts), step):
-    chunk = prompts[start:start + step]
-    out = sorted(generate_fn(chunk, n, sampling), key=lambda g: g.prompt_index)
+  for (chunk, n, _), out in zip(requests, outputs):
+    out = sorted(out, key=lambda g: g.prompt_index)
     if len(out) != len(chunk) or any(len(g.completions) != n for g in out):
       raise ValueError(f"generate_fn returned {len(out)} groups of sizes "
                        f"{[len(g.completions) for g in out][:8]} for {len(chunk)} prompts x n={n}")
@@ -66,15 +125,17 @@ def _sample(generate_fn: GenerateFn, prompts: list[np.ndarray], n: int, sampling
   return groups
 
 
-def evaluate(generate_fn: GenerateFn, task, problems: Sequence, codec, n_samples: int = 16,
+def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec, n_samples: int = 16,
              ks: Sequence[int] = (1, 2, 4, 8, 16), temperature_pass1: float = 0.1,
              n_pass1: int = 1, temperature_passk: float = 1.0, max_tokens: int = 64,
              top_p: float = 1.0, seed: int = 0, batch_size: Optional[int] = None,
-             success_threshold: float = 1.0, prefix: str = "eval/") -> dict[str, float]:
+             success_threshold: float = 1.0, prefix: str = "eval/",
+             generate_many: Optional[GenerateManyFn] = None) -> dict[str, float]:
   """Evaluates a policy on held-out `problems`.
 
   Args:
-    generate_fn: `worker.generate(prompts, n, SamplingParams) -> list[Group]` (one group per prompt).
+    generate_fn: `worker.generate(prompts, n, SamplingParams) -> list[Group]` (one group per prompt),
+      called once per request, pass@1 requests first (None when `generate_many` is given).
     task: scores completions with `task.score_batch(texts, problems)` (float32 [N]).
     problems: held-out problems (`.prompt`, `.answer`).
     codec: a `TextCodec` (encode_prompt / decode / stop_ids).
@@ -84,6 +145,9 @@ def evaluate(generate_fn: GenerateFn, task, problems: Sequence, codec, n_samples
       this temperature (0.1 in the paper: near-greedy).
     success_threshold: a sample is correct when its reward >= this.
     batch_size: prompts per generate_fn call (None: all at once).
+    generate_many: runs the list of all requests (pass@1 ones, then pass@k ones) at once, e.g. on
+      several rollout engines in parallel, and returns their groups in request order; replaces
+      `generate_fn`.
 
   Returns {prefix + key: float}: "pass@1" (low temperature), "pass@{k}" for k > 1 and
   "pass@1_t{T}" for k = 1 (from the temperature-T samples), "entropy" (mean negative log-prob of
@@ -104,13 +168,26 @@ def evaluate(generate_fn: GenerateFn, task, problems: Sequence, codec, n_samples
   base = dict(max_tokens=max_tokens, top_p=top_p, stop_token_ids=tuple(codec.stop_ids))
 
   low = SamplingParams(temperature=temperature_pass1, seed=seed, **base)
-  rewards1 = score_groups(_sample(generate_fn, prompts, n_pass1, low, batch_size), problems, task,
+  low_requests = _requests(prompts, n_pass1, low, batch_size)
+  high_requests = []
+  if n_samples:
+    high = SamplingParams(temperature=temperature_passk, seed=seed + 1, **base)
+    high_requests = _requests(prompts, n_samples, high, batch_size)
+  requests = low_requests + high_requests
+  if generate_many is not None:
+    outputs = list(generate_many(requests))
+    if len(outputs) != len(requests):
+      raise ValueError(f"generate_many returned {len(outputs)} results for {len(requests)} requests")
+  elif generate_fn is not None:
+    outputs = [generate_fn(*r) for r in requests]
+  else:
+    raise ValueError("evaluate needs generate_fn or generate_many")
+  rewards1 = score_groups(_collect(low_requests, outputs[:len(low_requests)]), problems, task,
                           codec)
   out = {"pass@1": float((rewards1 >= success_threshold).mean())}
 
   if n_samples:
-    high = SamplingParams(temperature=temperature_passk, seed=seed + 1, **base)
-    groups = _sample(generate_fn, prompts, n_samples, high, batch_size)
+    groups = _collect(high_requests, outputs[len(low_requests):])
     rewards = score_groups(groups, problems, task, codec)
     logprobs = [c.logprobs for g in groups for c in g.completions]
     for k, v in pass_at_k_array(rewards >= success_threshold, ks).items():

@@ -8,8 +8,9 @@ the first T emulated CPU devices elsewhere) and adds up what one trainer device 
   grads               the gradient (sharded like params, in the master dtype), its accumulator with
                       micro-batches, and the optimizer update's temporaries (one params-sized array)
   activations         an estimate at one micro-batch of model.max_len tokens (see `activation_bytes`)
-  eval_kv_cache       the JAX sampler's KV cache when it runs on the trainer devices (evaluation, and
-                      rollouts with rollout.backend=jax), on one device
+  eval_kv_cache       the JAX sampler's KV cache when it runs on the trainer devices (evaluation with
+                      eval.backend "trainer", and rollouts with rollout.backend=jax), on one device;
+                      0 when the vLLM engines evaluate (eval.backend "auto" with vLLM)
   total               their sum (plus ref_params for the KL penalty)
 
 `check_fits` compares the total with devices.memory_gib x devices.memory_fraction (or the GPU's own
@@ -17,6 +18,7 @@ memory). `dry_run(config, workdir)` prints the plan with the device split and wr
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any, Optional
@@ -25,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxreplay import devices as devices_lib
+from jaxreplay import evaluation
 from jaxreplay import models
 from jaxreplay import optim
 from jaxreplay import sharding
@@ -145,9 +148,13 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   flash = attention == "cudnn" or (attention == "auto" and c.model.dtype == "bfloat16")
   activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash)
   kv = 0
-  if c.eval.num_problems:
+  rollout_backend = c.rollout.backend
+  if rollout_backend == "auto":
+    rollout_backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
+  eval_backend = evaluation.resolve_eval_backend(c.eval.backend, rollout_backend)
+  if c.eval.num_problems and eval_backend == "trainer":
     kv = kv_cache_bytes(cfg, c.eval.batch_size or c.rollout.sampler_batch_size, c.model.max_len)
-  if c.rollout.backend == "jax":  # rollouts are sampled on the trainer devices too
+  if rollout_backend == "jax":  # rollouts are sampled on the trainer devices too
     kv = max(kv, kv_cache_bytes(cfg, c.rollout.sampler_batch_size, c.model.max_len))
   ref = sharding.shard_bytes(state.ref_params, shardings.ref_params) if state.ref_params else 0
   per_device = dict(params=params, opt_state=opt_state, grads=grads, activations=activations,
@@ -163,7 +170,7 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                 "dtype": c.model.dtype, "param_dtype": c.model.param_dtype, "remat": c.model.remat},
       "devices": {"trainer_devices": int(t.num_devices), "mesh": dict(mesh.shape),
                   "platform": mesh.devices.flat[0].platform,
-                  "rollout_workers": int(c.rollout.num_workers), "rollout_backend": c.rollout.backend},
+                  "rollout_workers": int(c.rollout.num_workers), "rollout_backend": rollout_backend, "eval_backend": eval_backend},
       "micro_batch": {"rows_per_device": int(rows), "tokens_per_row": int(c.model.max_len),
                       "num_microbatches": int(t.num_microbatches), "flash_attention": flash},
       "per_device_bytes": {k: int(v) for k, v in per_device.items()},

@@ -13,6 +13,12 @@ deterministic bit for bit) or "async" (a pool of real workers next to the traine
 Outputs in `workdir`: metrics.jsonl, tb/ (TensorBoard), checkpoints/ (orbax: train state + buffer +
 prompt cursor + counters, saved together), hf/ (latest HF export), run_config.json.
 Re-running the same command resumes from the newest complete checkpoint.
+
+Evaluation (`Pipeline.evaluate`) samples where config.eval.backend says: "trainer", a `JaxSampler`
+on the trainer devices loaded with the current params; "engines", the rollout workers through the
+schedule (`run_jobs`: the local worker, or the async pool's free runners between requests) at the
+current step's weights. Both count their generate calls (`eval_calls` in the host state), from which
+the JAX samplers draw their eval noise, so a resumed simulated run evaluates as the uninterrupted one.
 """
 from __future__ import annotations
 
@@ -62,6 +68,8 @@ class Pipeline:
     self.step = int(jax.device_get(self.state.step))
     self.weights: Optional[Weights] = None
     self.last_eval: dict[str, float] = {}
+    self.eval_calls = 0  # generate calls of evaluations on the engines (eval.backend="engines")
+    self._eval_publisher = None  # vLLM: HF dirs of eval-only versions (made on first need)
     self.finished = self.step >= parts.config.total_steps
     self.stopped = False  # a stop signal, honoured at a step's end (agreed by all processes)
     self._compute_at_step_end = 0.0  # the compute axis when the last step ended
@@ -193,14 +201,65 @@ class Pipeline:
     return self.weights
 
   def evaluate(self) -> dict[str, float]:
+    """Evaluates the current params on the held-out problems (`evaluation.evaluate`), on the
+    trainer's JAX sampler or on the rollout engines (config.eval.backend)."""
     p, c = self.parts, self.config
-    p.eval_sampler.load_weights(Weights(self.step, params=sharding.local_params(self.state.params)))
     n_samples = c.eval.n_samples if self._passk_due else 0  # eval.passk_grid: pass@1 only
-    return evaluation.evaluate(
-        p.eval_sampler.generate, p.task, p.eval_problems, p.codec, n_samples=n_samples,
-        ks=tuple(c.eval.ks), temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
-        temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
-        top_p=c.eval.top_p, seed=c.seed + 7919)
+    settings = dict(n_samples=n_samples, ks=tuple(c.eval.ks),
+                    temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
+                    temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
+                    top_p=c.eval.top_p, seed=c.seed + 7919)
+    if p.eval_sampler is not None:  # eval.backend="trainer"
+      p.eval_sampler.load_weights(Weights(self.step,
+                                          params=sharding.local_params(self.state.params)))
+      return evaluation.evaluate(p.eval_sampler.generate, p.task, p.eval_problems, p.codec,
+                                 **settings)
+    return self._evaluate_on_engines(settings)
+
+  def _evaluate_on_engines(self, settings: dict[str, Any]) -> dict[str, float]:
+    """eval.backend="engines": the requests run as jobs on the schedule's rollout workers at this
+    step's weights; with several workers (async) the problems are split into one chunk each."""
+    if self.scheduler is None or not hasattr(self.scheduler, "run_jobs"):
+      raise RuntimeError("eval.backend='engines' evaluates through the schedule's workers, but this "
+                         "Pipeline has no scheduler: set pipeline.scheduler = make_scheduler(parts) "
+                         "before start() (pipeline.run does), or use eval.backend='trainer'")
+    p = self.parts
+    weights = self._eval_weights()
+    first_call = self.eval_calls
+
+    def generate_many(requests):
+      out = self.scheduler.run_jobs(self, weights, evaluation.engine_jobs(requests, first_call))
+      self.eval_calls = first_call + len(requests)
+      return out
+
+    parallel = max(int(self.scheduler.job_parallelism), 1)
+    batch_size = -(-len(p.eval_problems) // parallel) if parallel > 1 else None
+    return evaluation.evaluate(None, p.task, p.eval_problems, p.codec, batch_size=batch_size,
+                               generate_many=generate_many, **settings)
+
+  def _eval_weights(self) -> Weights:
+    """This step's weights as the workers load them: the published ones when this step was
+    published, else an eval-only copy (jax: a device copy; vllm: an HF dir of its own publisher,
+    which keeps one version, so the rollout publisher's versions are never pushed out)."""
+    if self.weights is not None and self.weights.version == self.step:
+      return self.weights
+    p = self.parts
+    if p.rollouts.backend == "jax":
+      return p.rollouts.publish(self.state.params, self.step)
+    if self._eval_publisher is None:
+      from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
+      self._eval_publisher = WeightPublisher(keep=1)
+    params = self.state.params
+    if jax.process_count() > 1:  # a collective, reached by every process at the same step
+      params = sharding.host_local(params)
+    hf_dir = self._eval_publisher.publish(p.model_cfg, params, self.step)
+    return Weights(version=self.step, hf_dir=hf_dir, cfg=p.model_cfg)
+
+  def close(self) -> None:
+    """Removes the eval-only weight directories (run closes the schedule's workers first)."""
+    if self._eval_publisher is not None:
+      self._eval_publisher.close()
+      self._eval_publisher = None
 
   def host_state(self) -> dict[str, Any]:
     p = self.parts
@@ -209,7 +268,9 @@ class Pipeline:
     host = {"buffer": buffer_state, **intake_state,
             "accountant": p.accountant.state_dict(), "sim": dataclasses.asdict(p.sim_state),
             "published_version": self.weights.version,
-            "eval_calls": p.eval_sampler.call_count, "counters": p.metrics.counters(),
+            "eval_calls": (p.eval_sampler.call_count if p.eval_sampler is not None
+                           else self.eval_calls),
+            "counters": p.metrics.counters(),
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
             "eval_grid": {"next": self._grid_next,
                           "compute_at_step_end": self._compute_at_step_end}}
@@ -252,7 +313,10 @@ class Pipeline:
     for k, v in host["sim"].items():
       setattr(p.sim_state, k, v)
     if "eval_calls" in host:  # checkpoints written before these keys existed resume without them
-      p.eval_sampler.call_count = int(host["eval_calls"])
+      if p.eval_sampler is not None:
+        p.eval_sampler.call_count = int(host["eval_calls"])
+      else:
+        self.eval_calls = int(host["eval_calls"])
     if "counters" in host:
       p.metrics.restore_counters(host["counters"])
     if "nonfinite" in host:
@@ -369,13 +433,16 @@ def run(config, workdir: str) -> dict[str, Any]:
       stack.enter_context(safety.WorkdirLock(workdir))
     build_lib.resolve_backend(config)  # run_config.json records the backend actually used
     build_lib.validate_config(config)
+    build_lib.resolve_eval_backend(config)  # and where evaluation runs
     check_resume_compatible(config, workdir)
     stop = stack.enter_context(safety.StopSignals())
     parts = build_lib.build(config, workdir, stack)
     if jax.process_index() == 0:  # only a config that built (a rejected rerun leaves the old one)
       write_run_config(config, workdir)
     pipeline = Pipeline(parts, stop)
+    stack.callback(pipeline.close)
     scheduler = make_scheduler(parts)
+    stack.callback(scheduler.close)  # the workers, also when start() fails (eval on the engines)
     pipeline.scheduler = scheduler
     if parts.resumed_host is not None and "scheduler" in parts.resumed_host:
       if hasattr(scheduler, "load_state_dict"):

@@ -29,13 +29,20 @@ then samples B and takes one gradient step: N/R and B/R are exact knobs, and N =
 Asynchronous schedule (`AsyncScheduler`). A `WorkerPool` of W real workers (threads driving
 in-process JAX samplers or vLLM engine processes) fills the buffer while this thread trains as soon
 as a batch can be served, and hands each new `Weights` handle to the pool.
+
+Jobs on the workers (`run_jobs(hooks, weights, fns)`, every schedule): the pipeline evaluates on the
+rollout engines through it (config.eval.backend="engines"). The simulated and sync schedules run
+the jobs on their local worker, brought to `weights` (the next request reloads the newest weights);
+the asynchronous one queues them on its pool (`WorkerPool.run_jobs`: free runners take them between
+two requests while the others keep generating) and waits. `job_parallelism` is how many workers may
+run jobs at once; `close()` releases the workers (also when `run` never started).
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from absl import logging
 import numpy as np
@@ -44,6 +51,7 @@ from jaxreplay.rollout.base import Completion, Group, RolloutWorker, Weights
 from jaxreplay.rollout.pool import Delivery, WorkerPool
 
 MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
+Job = Callable[[RolloutWorker], Any]  # runs on one worker between two requests
 
 
 class Hooks(Protocol):
@@ -141,9 +149,8 @@ class LocalWorker:
     self.state = state
     self._worker: Optional[RolloutWorker] = None
 
-  def generate(self, hooks: Hooks, batch) -> list[Group]:
-    """Generates one request with the newest weights; the measured seconds go to the hooks."""
-    weights = hooks.latest_weights()
+  def _at(self, weights: Weights) -> RolloutWorker:
+    """The worker, made (on first use) or refreshed to hold `weights`."""
     if self._worker is None:
       self._worker = self.make_worker(0, weights)
       if self.state is not None and hasattr(self._worker, "call_count"):
@@ -151,10 +158,20 @@ class LocalWorker:
       logging.info("started the rollout worker")
     elif self._worker.policy_version != weights.version:
       self._worker.load_weights(weights)
+    return self._worker
+
+  def generate(self, hooks: Hooks, batch) -> list[Group]:
+    """Generates one request with the newest weights; the measured seconds go to the hooks."""
+    worker = self._at(hooks.latest_weights())
     t0 = time.perf_counter()
-    groups = self._worker.generate(batch.prompts, batch.n, batch.sampling)
+    groups = worker.generate(batch.prompts, batch.n, batch.sampling)
     hooks.generated(groups, time.perf_counter() - t0)
     return groups
+
+  def run_jobs(self, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs each job on the worker at `weights`, in order (the next request reloads the newest)."""
+    worker = self._at(weights)
+    return [fn(worker) for fn in fns]
 
   def close(self) -> None:
     if self._worker is not None:
@@ -190,6 +207,16 @@ class SimulatedScheduler:
     self._done_at: list[Optional[float]] = [None] * num_workers
     self._request: list[Any] = [None] * num_workers
     self._restored: Optional[list[Any]] = None
+
+  job_parallelism = 1  # jobs run on the one local worker
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
+    del hooks
+    return self.worker.run_jobs(weights, fns)
+
+  def close(self) -> None:
+    self.worker.close()
 
   # -- the in-flight requests, saved with checkpoints (exact resume) --
   def state_dict(self) -> dict[str, Any]:
@@ -318,6 +345,16 @@ class SyncScheduler:
     self.rollouts_per_step = int(rollouts_per_step)
     self.cost, self.train_device_seconds, self.state = cost, train_device_seconds, state
 
+  job_parallelism = 1  # jobs run on the one local worker
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
+    del hooks
+    return self.worker.run_jobs(weights, fns)
+
+  def close(self) -> None:
+    self.worker.close()
+
   def run(self, hooks: Hooks) -> None:
     try:
       self._run(hooks)
@@ -382,7 +419,14 @@ class AsyncScheduler:
             "refreshes", "tokens_per_second", "live_threads")
     return {f"pool/{k}": float(m[k]) for k in keys}
 
-  def run(self, hooks: Hooks) -> None:
+  @property
+  def job_parallelism(self) -> int:
+    return self.num_workers  # every runner may take a job
+
+  def _start_pool(self, hooks: Hooks) -> WorkerPool:
+    """The pool, started (once) with the hooks' newest weights."""
+    if self.pool is not None:
+      return self.pool
     intake = hooks.intake
 
     def deliver(delivery: Delivery) -> None:
@@ -396,11 +440,24 @@ class AsyncScheduler:
                            initial_weights=hooks.latest_weights(), on_drop=intake.dropped,
                            prepare=lambda d: intake.score(d.batch, d.groups))
     self.pool.start()
+    return self.pool
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Queues the jobs on the pool (started now when `run` has not started it: the step-0
+    evaluation) and waits for their results; the other runners keep generating meanwhile."""
+    return self._start_pool(hooks).run_jobs(weights, list(fns))
+
+  def close(self) -> None:
+    if self.pool is not None:
+      self.pool.stop()
+
+  def run(self, hooks: Hooks) -> None:
+    pool = self._start_pool(hooks)
     try:
       self._train(hooks)
     finally:
-      self.pool.stop()
-    self.pool.raise_if_failed()
+      pool.stop()
+    pool.raise_if_failed()
 
   def _train(self, hooks: Hooks) -> None:
     start = time.monotonic()

@@ -123,3 +123,70 @@ def test_evaluate_pass1_only_and_errors():
     evaluation.evaluate(sampler, task, problems, codec, n_samples=4, ks=(1, 8))
   with pytest.raises(ValueError, match="groups"):
     evaluation.evaluate(lambda p, n, s: [], task, problems, codec, n_samples=0)
+
+
+def test_evaluate_through_generate_many_equals_generate_fn():
+  task = arithmetic.ArithmeticTask(num_digits=(1, 2))
+  codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset))
+  problems = task.eval_set(13)
+  settings = dict(n_samples=4, ks=(1, 2, 4), max_tokens=12, batch_size=5, seed=3)
+  direct = FakeSampler(codec, problems)
+  want = evaluation.evaluate(direct, task, problems, codec, **settings)
+  many = FakeSampler(codec, problems)
+  batches = []
+
+  def generate_many(requests):  # runs them last-first, as parallel engines may finish
+    batches.append(requests)
+    out = {j: many(*r) for j, r in reversed(list(enumerate(requests)))}
+    return [out[j] for j in range(len(requests))]
+
+  got = evaluation.evaluate(None, task, problems, codec, generate_many=generate_many, **settings)
+  assert {k: v for k, v in got.items() if k != "eval/seconds"} == (
+      {k: v for k, v in want.items() if k != "eval/seconds"})
+  assert len(batches) == 1  # every request at once: pass@1 chunks first, then pass@k ones
+  assert [(len(p), n, s.temperature) for p, n, s in batches[0]] == (
+      [(c[0], c[1], c[2].temperature) for c in direct.calls])
+  with pytest.raises(ValueError, match="3 results for 6 requests"):
+    evaluation.evaluate(None, task, problems, codec, generate_many=lambda r: r[:3], **settings)
+  with pytest.raises(ValueError, match="generate_fn or generate_many"):
+    evaluation.evaluate(None, task, problems, codec, **settings)
+
+
+def test_engine_jobs_draw_eval_noise_from_the_eval_counter_and_restore_the_workers():
+  class Counting:
+    def __init__(self):
+      self.call_count, self.seen = 41, []
+
+    def generate(self, prompts, n, sampling):
+      self.seen.append((self.call_count, len(prompts), n, sampling.temperature))
+      self.call_count += 1
+      return ["groups"]
+
+  class Plain:  # a vLLM engine proxy: no call counter
+    def __init__(self):
+      self.calls = 0
+
+    def generate(self, prompts, n, sampling):
+      self.calls += 1
+      return [n]
+
+  from jaxreplay.rollout.base import SamplingParams
+  requests = [([np.array([1, 2])], 1, SamplingParams(temperature=0.1)),
+              ([np.array([1, 3])] * 2, 4, SamplingParams(temperature=1.0))]
+  jobs = evaluation.engine_jobs(requests, first_call=7)
+  worker = Counting()
+  assert [job(worker) for job in jobs] == [["groups"], ["groups"]]
+  assert worker.seen == [(7, 1, 1, 0.1), (8, 2, 4, 1.0)] and worker.call_count == 41
+  plain = Plain()
+  assert [job(plain) for job in jobs] == [[1], [4]] and plain.calls == 2
+
+
+def test_resolve_eval_backend():
+  r = evaluation.resolve_eval_backend
+  assert r("auto", "vllm") == "engines" and r("auto", "jax") == "trainer"
+  for rollout in ("jax", "vllm"):
+    assert r("engines", rollout) == "engines" and r("trainer", rollout) == "trainer"
+  with pytest.raises(ValueError, match="expected one of"):
+    r("gpu", "vllm")
+  with pytest.raises(ValueError, match="resolve 'auto' first"):
+    r("auto", "auto")

@@ -388,3 +388,129 @@ def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   assert not stale.exists() and live.exists() and mine.exists() and other.exists()
   os.close(fd)  # its publisher closed or died: stale now
   assert weight_sync.remove_stale_roots(str(tmp_path)) == [str(elsewhere)]
+
+
+class LoggingWorker(FakeWorker):
+  """A FakeWorker that logs ("gen_start" | "gen_end" | "load", version) into a shared list."""
+
+  def __init__(self, index, log, **kwargs):
+    super().__init__(index, **kwargs)
+    self.log = log
+
+  def generate(self, prompts, n, sampling):
+    self.log.append((self.index, "gen_start", self.policy_version))
+    try:
+      return super().generate(prompts, n, sampling)
+    finally:
+      self.log.append((self.index, "gen_end", self.policy_version))
+
+  def load_weights(self, weights):
+    super().load_weights(weights)
+    self.log.append((self.index, "load", weights.version))
+
+
+def test_jobs_run_between_requests_at_their_version_then_the_target_again():
+  rec, log, workers = Recorder(), [], {}
+
+  def make_worker(i):
+    w = LoggingWorker(i, log, delay=0.03)
+    workers.setdefault(i, []).append(w)
+    return w
+
+  pool = WorkerPool(make_worker, 2, rec.source, rec.sink, initial_weights=Weights(1, hf_dir="/w/v1"),
+                    idle_sleep_s=0.01).start()
+
+  def job(tag):
+    def fn(worker):
+      assert not worker.in_generate.is_set(), "a job overlapped a request"
+      log.append((worker.index, "job", worker.policy_version))
+      time.sleep(0.02)
+      return tag, worker.index, worker.policy_version, worker.in_generate.is_set()
+    return fn
+
+  try:
+    pool.wait_for_version(1, 10)
+    rec.wait_for(lambda ds: len(ds) >= 4)
+    results = pool.run_jobs(Weights(5, hf_dir="/w/v5"), [job(t) for t in range(4)])
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 4)  # rollouts go on at the target version
+    pool.raise_if_failed()
+  finally:
+    pool.stop(5)
+  assert [r[0] for r in results] == [0, 1, 2, 3]  # in submission order
+  assert all(r[2] == 5 and not r[3] for r in results)
+  assert {r[1] for r in results} <= {0, 1}
+  for d in rec.deliveries:
+    check_complete(d)
+    assert d.policy_version == 1  # eval weights never reach the rollouts
+  m = pool.metrics()
+  assert m["jobs"] == 4 and m["queued_jobs"] == 0 and m["target_version"] == 1
+  # Per worker: a job sits between two requests, right after a load of its version (or a job
+  # before it), and the next request comes after a load back to the target.
+  for i in (0, 1):
+    events = [(e, v) for w, e, v in log if w == i]
+    busy = False
+    for k, (event, version) in enumerate(events):
+      if event == "gen_start":
+        assert not busy and version == 1
+        busy = True
+      elif event == "gen_end":
+        busy = False
+      elif event == "job":
+        assert not busy and version == 5
+        assert events[k - 1] in (("load", 5), ("job", 5))
+    starts = [k for k, (e, _) in enumerate(events) if e == "gen_start"]
+    jobs = [k for k, (e, _) in enumerate(events) if e == "job"]
+    if jobs:
+      after = [k for k in starts if k > jobs[-1]]
+      assert after and ("load", 1) in events[jobs[-1]:after[0]]
+
+
+def test_job_errors_reach_the_caller_and_a_dead_workers_job_runs_on_its_replacement():
+  rec, workers = Recorder(), {}
+  pool = make_pool(rec, workers, num_workers=1, initial_weights=Weights(0, hf_dir="/w/v0")).start()
+  deaths = []
+
+  def dies_once(worker):
+    if not deaths:
+      deaths.append(worker)
+      raise WorkerDied("engine crashed during the eval")
+    return worker
+
+  def broken(worker):
+    raise ValueError("bad eval request")
+
+  try:
+    pool.wait_ready(10)
+    with pytest.raises(ValueError, match="bad eval request"):
+      pool.run_jobs(Weights(2, hf_dir="/w/v2"), [broken])
+    assert not pool.stopping  # a job's own error does not fail the pool
+    [survivor] = pool.run_jobs(Weights(2, hf_dir="/w/v2"), [dies_once])
+    rec.wait_for(lambda ds: len(ds) >= 2)
+    pool.raise_if_failed()
+  finally:
+    pool.stop(5)
+  assert survivor is workers[0][1] and deaths == [workers[0][0]]
+  assert ("/w/v2", 2) in survivor.updates  # the replacement loaded the job's weights
+  assert pool.metrics()["restarts"] == 1 and pool.metrics()["jobs"] == 1
+  with pytest.raises(Exception, match="stopped"):
+    pool.submit(Weights(3), lambda w: None)
+
+
+def test_pending_jobs_fail_when_the_pool_stops_or_fails():
+  rec = Recorder()
+  pool = WorkerPool(lambda i: FakeWorker(i), 1, rec.source, rec.sink)  # never started
+  future = pool.submit(Weights(1), lambda w: "never")
+  pool.stop(1)
+  with pytest.raises(Exception, match="stopped before this job ran"):
+    future.result(timeout=5)
+
+  def bad_sink(delivery):
+    raise ValueError("reward function broke")
+
+  pool = WorkerPool(lambda i: FakeWorker(i, delay=0.05), 1, rec.source, bad_sink,
+                    idle_sleep_s=0.001).start()
+  with pytest.raises(RuntimeError, match="reward function broke"):
+    for _ in range(200):  # a job queued while the first request fails the pool
+      pool.run_jobs(Weights(1), [lambda w: time.sleep(0.01)])
+  pool.stop(2)

@@ -243,3 +243,32 @@ def test_async_schedule_replaces_a_dead_worker():
   sched = AsyncScheduler(lambda i, w: DiesOnce(w, []), num_workers=1)
   sched.run(hooks)
   assert hooks.step == 3 and sched.pool_metrics()["pool/restarts"] == 1
+
+
+def test_local_worker_runs_jobs_at_the_given_weights_then_rollouts_at_the_newest():
+  log = []
+  hooks = FakeHooks(batch=2, total=2)
+  state = SimState(reference_tokens=2.0)
+  sched = simulated(lambda i, w: FakeWorker(w, log), 1, 1, state=state)
+  assert sched.job_parallelism == 1
+  # Before run (the step-0 evaluation): the worker is made at the job's weights.
+  out = sched.run_jobs(hooks, Weights(7), [lambda w: ("a", w.policy_version),
+                                          lambda w: ("b", w.policy_version)])
+  assert out == [("a", 7), ("b", 7)] and log == [("make", 7)]
+  sched.run(hooks)
+  assert log[1] == ("load", 0)  # the first request reloads the newest published weights
+  assert set(hooks.intake.delivered_versions) <= {0, 1, 2} and hooks.step == 2
+  sched.close()  # idempotent after run
+
+
+def test_async_jobs_before_run_start_the_pool_that_run_then_uses():
+  log = []
+  hooks = FakeHooks(batch=2, consume=True, capacity=8, total=3)
+  sched = AsyncScheduler(lambda i, w: FakeWorker(w, log), num_workers=2)
+  assert sched.job_parallelism == 2
+  assert sched.run_jobs(hooks, Weights(0), [lambda w: w.policy_version] * 3) == [0, 0, 0]
+  pool = sched.pool
+  assert pool is not None and pool.metrics()["jobs"] == 3
+  sched.run(hooks)
+  assert sched.pool is pool and hooks.step == 3 and pool.stopping
+  sched.close()

@@ -7,6 +7,14 @@ policy version that produced them, and what `prepare` returned) to the sink, one
 Weight refreshes are applied by the worker's own thread between two requests, so no request
 straddles a refresh.
 
+Jobs (`submit`, `run_jobs`): a job is a function of a worker (e.g. an evaluation request,
+`evaluation.engine_jobs`) with the `Weights` it must run at. The next runner that is between two
+requests takes it, loads those weights when its worker holds another version, runs it on its own
+thread (so never concurrently with a generate on that worker) and returns to the newest weights
+before its next request. The caller waits on a `concurrent.futures.Future`; a job's own exception
+is set on its future (the pool goes on), a worker death during a job re-queues it for the
+replacement worker, and a pool that stops or fails fails its pending jobs.
+
 Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
 request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
 `make_worker(i)`, the new worker is refreshed to the newest weights, and the thread goes on. Any
@@ -15,6 +23,8 @@ other exception (from a worker, the source, `prepare` or the sink) is a bug: the
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -51,6 +61,15 @@ class Delivery:
   prepared: Any = None  # what the pool's `prepare` returned for it (None without one)
 
 
+@dataclasses.dataclass
+class _Job:
+  """A queued `submit`: run `fn(worker)` at `weights`; the result goes to `future`."""
+  weights: Weights
+  fn: Callable[[RolloutWorker], Any]
+  future: concurrent.futures.Future
+  attempts: int = 0
+
+
 PromptSource = Callable[[int], Optional[PromptBatch]]  # worker index -> a batch, or None (none now)
 Sink = Callable[[Delivery], None]
 Prepare = Callable[[Delivery], Any]
@@ -73,6 +92,7 @@ class _WorkerRunner:
     self.dropped = 0
     self.refreshes = 0
     self.generate_seconds = 0.0
+    self.jobs = 0  # jobs run to the end (`WorkerPool.submit`)
     self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
 
   @property
@@ -85,6 +105,10 @@ class _WorkerRunner:
     try:
       while not pool.stopping:
         if self.worker is None and not self._start_worker():
+          continue
+        job = pool._next_job()  # pylint: disable=protected-access
+        if job is not None:
+          self._run_job(job)
           continue
         if not self._refresh_if_behind():
           continue
@@ -162,6 +186,25 @@ class _WorkerRunner:
     self.tokens += tokens
     self.generate_seconds += seconds
 
+  def _run_job(self, job: _Job) -> None:
+    """Runs `job` on this runner's worker at `job.weights` (between two requests)."""
+    if job.future.cancelled():
+      return
+    job.attempts += 1
+    try:
+      if self.worker.policy_version != job.weights.version:
+        self.worker.load_weights(job.weights)
+      result = job.fn(self.worker)
+    except WorkerDied as e:
+      self.pool._requeue(job)  # pylint: disable=protected-access
+      self._replace(e)
+      return
+    except Exception as e:  # pylint: disable=broad-except
+      _settle(job.future, error=e)  # the job's own error: its caller re-raises it
+      return
+    self.jobs += 1
+    _settle(job.future, result=result)
+
   def _drop(self, batch: PromptBatch, reason: BaseException) -> None:
     self.dropped += 1
     if self.pool.on_drop is not None:
@@ -191,6 +234,18 @@ def _check_groups(groups: list[Group], batch: PromptBatch, version: int) -> None
                          f"version {version} for the whole request")
     if len(g.completions) != batch.n:
       raise RuntimeError(f"a group has {len(g.completions)} completions, expected n={batch.n}")
+
+
+def _settle(future: concurrent.futures.Future, result: Any = None,
+            error: Optional[BaseException] = None) -> None:
+  """Sets `future`'s result or error unless it is already done (cancelled, or failed by a stop)."""
+  try:
+    if error is not None:
+      future.set_exception(error)
+    else:
+      future.set_result(result)
+  except concurrent.futures.InvalidStateError:
+    pass
 
 
 def _close_quietly(worker: RolloutWorker, timeout_s: float = 10.0) -> None:
@@ -247,6 +302,7 @@ class WorkerPool:
     self._sink_lock = threading.Lock()
     self._error: Optional[BaseException] = None
     self._error_worker: Optional[int] = None
+    self._jobs: collections.deque[_Job] = collections.deque()  # guarded by _state_lock
     self._started_at: Optional[float] = None
     self._runners = [_WorkerRunner(self, i) for i in range(self.num_workers)]
 
@@ -268,6 +324,41 @@ class WorkerPool:
         raise ValueError(f"refresh to version {weights.version} is older than the current target "
                          f"{self._target.version}; versions must not decrease")
       self._target = weights
+
+  def submit(self, weights: Weights, fn: Callable[[RolloutWorker], Any]
+             ) -> concurrent.futures.Future:
+    """Queues the job `fn(worker)`, to run at `weights` by the next runner between two requests
+    (see the module docstring); returns the future of its result. Jobs start in submission order.
+    Raises PoolStopped (or the pool's error) when the pool has stopped."""
+    self.raise_if_failed()
+    job = _Job(weights, fn, concurrent.futures.Future())
+    with self._state_lock:
+      if self.stopping:
+        raise PoolStopped("submit: the pool has stopped; start a new WorkerPool")
+      self._jobs.append(job)
+    return job.future
+
+  def run_jobs(self, weights: Weights, fns: list[Callable[[RolloutWorker], Any]],
+               poll_s: float = 0.05) -> list[Any]:
+    """Submits every job of `fns` at `weights` (free runners take them in parallel) and waits for
+    all of them; returns their results in order. Re-raises a job's error, or the pool's when it
+    fails (PoolStopped when it is stopped meanwhile)."""
+    futures = [self.submit(weights, fn) for fn in fns]
+    while True:
+      _, pending = concurrent.futures.wait(futures, timeout=poll_s)
+      if not pending:
+        break
+      if any(f.done() and f.exception() is not None for f in futures):
+        break  # a job failed: report it now
+      self.raise_if_failed()
+      if self.stopping:
+        raise PoolStopped(f"the pool stopped with {len(pending)} of {len(futures)} jobs unfinished")
+    for f in futures:
+      if f.done() and f.exception() is not None:
+        for other in futures:
+          other.cancel()  # not started yet: skip them
+        raise f.exception()
+    return [f.result() for f in futures]
 
   @property
   def target(self) -> Optional[Weights]:
@@ -302,6 +393,7 @@ class WorkerPool:
     in-process engine cannot be interrupted, and its daemon thread is abandoned (see metrics).
     """
     self._stop.set()
+    self._fail_jobs(PoolStopped("the pool stopped before this job ran"))
     deadline = time.monotonic() + timeout_s
     for r in self._runners:
       if r.thread.is_alive():
@@ -314,6 +406,7 @@ class WorkerPool:
     for r in self._runners:
       if r.thread.is_alive():
         r.thread.join(max(0.0, grace - time.monotonic()))
+    self._fail_jobs(PoolStopped("the pool stopped before this job ran"))
 
   def __enter__(self) -> "WorkerPool":
     return self.start()
@@ -329,6 +422,9 @@ class WorkerPool:
     per_worker = [dict({k: getattr(r, k) for k in keys}, index=r.index, version=r.version,
                        alive=r.thread.is_alive()) for r in self._runners]
     totals = {k: sum(w[k] for w in per_worker) for k in keys}
+    totals["jobs"] = sum(r.jobs for r in self._runners)
+    with self._state_lock:
+      totals["queued_jobs"] = len(self._jobs)
     target = self._target
     return dict(totals, num_workers=self.num_workers, wall_seconds=wall,
                 tokens_per_second=totals["tokens"] / wall if wall > 0 else 0.0,
@@ -348,6 +444,30 @@ class WorkerPool:
                       "expected a PromptBatch or None")
     return batch
 
+  def _next_job(self) -> Optional[_Job]:
+    with self._state_lock:
+      if self.stopping or not self._jobs:
+        return None
+      return self._jobs.popleft()
+
+  def _requeue(self, job: _Job) -> None:
+    """Puts back a job whose worker died, first in line; fails it beyond max_restarts attempts."""
+    if job.attempts > self.max_restarts:
+      _settle(job.future, error=WorkerDied(f"a job's worker died {job.attempts} times "
+                                           f"(max_restarts={self.max_restarts})"))
+      return
+    with self._state_lock:
+      if not self.stopping:
+        self._jobs.appendleft(job)
+        return
+    _settle(job.future, error=PoolStopped("the pool stopped before this job ran"))
+
+  def _fail_jobs(self, error: BaseException) -> None:
+    with self._state_lock:
+      jobs, self._jobs = list(self._jobs), collections.deque()
+    for job in jobs:
+      _settle(job.future, error=error)
+
   def _deliver(self, delivery: Delivery) -> None:
     with self._sink_lock:
       self.sink(delivery)
@@ -358,6 +478,7 @@ class WorkerPool:
         self._error = error
         self._error_worker = index
     self._stop.set()
+    self._fail_jobs(RuntimeError(f"the rollout pool failed in worker {index}: {error!r}"))
 
   def _wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
