@@ -41,7 +41,8 @@ class PromptBatch:
 
 @dataclasses.dataclass
 class Delivery:
-  """What the sink receives: the groups of one whole request, all of `policy_version`."""
+  """What the sink receives: the groups of one whole request, all of `policy_version`.
+  `generate_seconds` is the request's share (by generated tokens) of the call that made it."""
   groups: list[Group]
   batch: PromptBatch
   worker_index: int
