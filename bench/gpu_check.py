@@ -255,6 +255,7 @@ def main(argv=None) -> dict:
 
 
 def print_table(out: dict) -> None:
+  who = "vLLM" if out["rollout_backend"] == "vllm" else "JAX sampler"
   print(f"\ngpu_check on {out['device']}, {out['rollout_backend']} workers ({out['steps']} steps, "
         f"run {out['run_s']:.0f} s, total {out['total_s']:.0f} s)")
   lines = [
@@ -265,9 +266,9 @@ def print_table(out: dict) -> None:
       ("MFU", f"{100 * out['mfu']:.1f}%"),
       ("refresh [s] (publish + reload)",
        f"{out['refresh_s']:.2f} ({out['publish_s']:.2f} + {out['reload_s']:.2f})"),
-      ("vLLM tokens/s (in generate)", f"{out['vllm_tokens_per_s']:.0f}"),
-      ("vLLM tokens/s (pool wall)", f"{out['vllm_tokens_per_wall_s']:.0f}"),
-      ("vLLM calls / requests", f"{out['vllm_calls']:.0f} / {out['vllm_requests']:.0f}"),
+      (f"{who} tokens/s (in generate)", f"{out['vllm_tokens_per_s']:.0f}"),
+      (f"{who} tokens/s (pool wall)", f"{out['vllm_tokens_per_wall_s']:.0f}"),
+      (f"{who} calls / requests", f"{out['vllm_calls']:.0f} / {out['vllm_requests']:.0f}"),
       ("mismatch exp|diff| (latest)", f"{out['mismatch_exp_abs_diff']:.4f}"),
       ("mismatch comparisons (steps)",
        ", ".join(str(m["step"]) for m in out["mismatch_comparisons"]) or "none"),

@@ -49,12 +49,15 @@ def test_summary_numbers_from_rows():
 
 
 @pytest.mark.slow
-def test_cpu_smoke_runs_the_real_pipeline(tmp_path):
-  require("vllm")
+@pytest.mark.parametrize("backend", ["vllm", "jax"])
+def test_cpu_smoke_runs_the_real_pipeline(tmp_path, backend):
+  if backend == "vllm":
+    require("vllm")
   gc = load_gpu_check()
-  out = gc.main(["--cpu_smoke", "--out", str(tmp_path), "--steps", "4"])
+  out = gc.main(["--cpu_smoke", "--out", str(tmp_path), "--steps", "4", "--backend", backend])
   saved = json.loads((tmp_path / "gpu_check.json").read_text())
   assert saved["steps"] == 4 and saved["cpu_smoke"] and saved["backend"] == "cpu"
+  assert saved["rollout_backend"] == backend
   assert saved["step_s"] > 0 and 0 < saved["mfu"] < 1 and saved["peak_tflops"] > 0
   assert saved["vllm_tokens"] > 0 and saved["vllm_tokens_per_s"] > 0
   # One call takes every request the source has, up to max_num_seqs=16 sequences (2 requests of 8).
@@ -64,5 +67,7 @@ def test_cpu_smoke_runs_the_real_pipeline(tmp_path):
   # (float32 on CPU: the same numbers up to summation order).
   assert saved["mismatch_comparisons"] and saved["mismatch_comparisons"][0]["step"] == 1
   assert saved["mismatch_exp_abs_diff"] < 1.01
+  if backend == "jax":  # the same forward in the same process: equal log-probs
+    assert saved["mismatch_comparisons"][0]["logprob_abs_diff_max"] < 1e-4
   assert (tmp_path / "metrics.jsonl").exists()
   assert out["steps"] == saved["steps"]
