@@ -133,6 +133,7 @@ def validate_config(c) -> None:
       errors.append(str(e))
   if c.rollout.refresh_every < 1:
     errors.append(f"rollout.refresh_every={c.rollout.refresh_every} must be >= 1")
+  errors += _rollout_errors(c.rollout, c.model.max_len)
   if c.model.path and not os.path.isdir(c.model.path):
     errors.append(f"model.path={c.model.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
@@ -193,6 +194,31 @@ def chat_template_kwargs(c) -> dict:
     raise ValueError(f"model.chat_template_kwargs={text!r} must be a JSON object of template "
                      "variables, e.g. '{\"enable_thinking\": false}'")
   return value
+
+
+def _rollout_errors(r, model_max_len: int) -> list[str]:
+  """The rollout.prompts_in_flight and rollout.vllm_* keys (see config_defaults)."""
+  errors = []
+  ppr = r.prompts_per_request
+  if r.prompts_in_flight < 0 or r.prompts_in_flight % ppr:
+    errors.append(f"rollout.prompts_in_flight={r.prompts_in_flight} must be 0 (auto) or a positive "
+                  f"multiple of rollout.prompts_per_request={ppr} (workers take whole requests); "
+                  f"e.g. {max(ppr, r.prompts_in_flight - r.prompts_in_flight % ppr)}")
+  if not 0.0 < r.vllm_gpu_memory_utilization <= 1.0:
+    errors.append(f"rollout.vllm_gpu_memory_utilization={r.vllm_gpu_memory_utilization} must be "
+                  "in (0, 1] (the share of a worker GPU's memory its engine takes)")
+  if r.vllm_max_num_seqs < 1:
+    errors.append(f"rollout.vllm_max_num_seqs={r.vllm_max_num_seqs} must be >= 1")
+  if r.vllm_tensor_parallel_size < 1:
+    errors.append(f"rollout.vllm_tensor_parallel_size={r.vllm_tensor_parallel_size} must be >= 1")
+  if r.vllm_max_model_len < 0 or 0 < r.vllm_max_model_len < model_max_len:
+    errors.append(f"rollout.vllm_max_model_len={r.vllm_max_model_len} must be 0 (= model.max_len) "
+                  f"or >= model.max_len={model_max_len} (prompts + completions of that length "
+                  "reach the engine)")
+  for key in ("vllm_enforce_eager", "vllm_engine_process"):
+    if str(r[key]).lower() not in ("auto", "true", "false"):
+      errors.append(f"rollout.{key}={r[key]!r}: expected 'auto', 'true' or 'false'")
+  return errors
 
 
 def resolve_backend(c) -> str:

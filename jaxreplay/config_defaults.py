@@ -62,7 +62,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.top_k = 0
   c.rollout.max_tokens = 64
   c.rollout.refresh_every = 1      # trainer steps between worker weight refreshes
-  c.rollout.vllm_kv_cache_gib = 1
+  c.rollout.prompts_in_flight = 0  # prompts a worker takes into one generate call (whole
+                                   # requests of prompts_per_request); 0 = auto: vllm fills its
+                                   # engine (vllm_max_num_seqs // group_size prompts), jax one request
+  c.rollout.vllm_kv_cache_gib = 1  # CPU engines: KV cache [GiB] (GPU: vllm_gpu_memory_utilization)
+  c.rollout.vllm_gpu_memory_utilization = 0.9  # share of its GPU(s) an engine takes (weights + KV
+                                   # cache); lower it when the trainer shares the GPU
+  c.rollout.vllm_max_num_seqs = 256  # sequences an engine batches at once
+  c.rollout.vllm_tensor_parallel_size = 1  # GPUs per engine (JAXREPLAY_WORKER_GPUS is split in
+                                   # groups of this size: workers.worker_gpu_groups)
+  c.rollout.vllm_max_model_len = 0  # engine context [tokens]; 0 = model.max_len
+  c.rollout.vllm_enforce_eager = "auto"  # auto (eager on CPU, CUDA graphs on GPU) | true | false
+  c.rollout.vllm_engine_process = "auto"  # auto (in-process engine core on CPU, vLLM's own
+                                   # engine-core process on GPU) | true | false
   c.rollout.sampler_batch_size = 64
 
   c.buffer = ml_collections.ConfigDict()

@@ -110,6 +110,5 @@ def apply_to_environment(config, environ: Optional[dict] = None) -> Optional[Gpu
   split = split_gpus(config, gpus)
   env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
   env["JAXREPLAY_WORKER_GPUS"] = ",".join(split.workers)
-  env["JAXREPLAY_GPUS_PER_WORKER"] = str(split.per_worker)
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(config.devices.memory_fraction))
   return split

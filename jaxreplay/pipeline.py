@@ -370,7 +370,8 @@ def make_scheduler(parts: build_lib.Parts):
   the worker pool)."""
   c = parts.config
   if c.scheduler.kind == "async":
-    scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers)
+    scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
+                                          requests_per_call=parts.rollouts.requests_per_call)
     parts.metrics.pool_metrics = scheduler.pool_metrics
     return scheduler
   cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,

@@ -34,8 +34,11 @@ Keys of a row, by source (units in brackets):
   data/skipped_rows,             dataset rows dropped when the task was built (prompt over the
   data/skipped_eval_rows         context or untokenizable; `tasks.prompt_check`): training and
                                  held-out rows, read once from the task (0 for procedural tasks)
-  pool/*                         the async schedule's worker-pool counters (counts cumulative over
-                                 resumes; tokens_per_second and live_threads of this process)
+  pool/*                         the async schedule's worker-pool counters (counts and seconds
+                                 cumulative over resumes: requests, calls (a call generates up to
+                                 rollout.prompts_in_flight prompts), refresh_seconds (workers'
+                                 load_weights), generate_seconds; tokens_per_second and
+                                 live_threads of this process)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
                                  gradient or parameters), else 0
   eval/*                         held-out evaluation (`jaxreplay.evaluation.evaluate`), when due
@@ -148,8 +151,9 @@ class RunMetrics:
                   "data/skipped_eval_rows": float(getattr(task, "skipped_eval_rows", 0))}
 
   # Cumulative counters that continue across a resume (rates and gauges do not).
-  CUMULATIVE_POOL = ("pool/requests", "pool/completions", "pool/tokens", "pool/restarts",
-                     "pool/failed_starts", "pool/dropped", "pool/refreshes")
+  CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
+                     "pool/restarts", "pool/failed_starts", "pool/dropped", "pool/refreshes",
+                     "pool/refresh_seconds", "pool/generate_seconds")
 
   def _cumulative(self) -> dict[str, float]:
     now = {k: float(v) for k, v in self.task.reward_metrics().items()}

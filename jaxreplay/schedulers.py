@@ -400,9 +400,12 @@ class AsyncScheduler:
     make_worker: (index, weights) -> a new worker (called again to replace a dead one).
     num_workers: W.
     poll_seconds: how long the trainer waits for rollouts before checking again.
+    requests_per_call: requests a worker generates in one call (`WorkerPool`).
   """
 
-  def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01):
+  def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
+               requests_per_call: int = 1):
+    self.requests_per_call = requests_per_call
     self.make_worker = make_worker
     self.num_workers = num_workers
     self.poll_seconds = poll_seconds
@@ -415,8 +418,9 @@ class AsyncScheduler:
     if self.pool is None:
       return {}
     m = self.pool.metrics()
-    keys = ("requests", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "tokens_per_second", "live_threads")
+    keys = ("requests", "calls", "completions", "tokens", "restarts", "failed_starts", "dropped",
+            "refreshes", "refresh_seconds", "generate_seconds", "tokens_per_second",
+            "live_threads")
     return {f"pool/{k}": float(m[k]) for k in keys}
 
   @property
@@ -438,7 +442,8 @@ class AsyncScheduler:
     self.pool = WorkerPool(lambda i: self.make_worker(i, self.pool.target), self.num_workers,
                            lambda worker_index: intake.next_request(), deliver,
                            initial_weights=hooks.latest_weights(), on_drop=intake.dropped,
-                           prepare=lambda d: intake.score(d.batch, d.groups))
+                           prepare=lambda d: intake.score(d.batch, d.groups),
+                           requests_per_call=self.requests_per_call)
     self.pool.start()
     return self.pool
 

@@ -13,12 +13,12 @@ With several trainer processes every process gathers full host copies first (a c
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from jaxreplay import sharding
-from jaxreplay.devices import GpuSplit
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
 
@@ -54,6 +54,11 @@ class RolloutBackend:
     hf_dir = self.publisher.publish(self.model_cfg, params, version)
     return Weights(version=int(version), hf_dir=hf_dir, cfg=self.model_cfg)
 
+  @property
+  def requests_per_call(self) -> int:
+    """Whole requests a pool worker takes into one `generate` call (see `requests_per_call`)."""
+    return requests_per_call(self.config)
+
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
     """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
     c = self.config
@@ -63,18 +68,101 @@ class RolloutBackend:
                         batch_size=c.rollout.sampler_batch_size, eos_token_ids=self.stop_ids,
                         seed=seed, policy_version=weights.version)
     from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
-    on_cpu = jax.default_backend() == "cpu"
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(c.rollout.vllm_kv_cache_gib)}
-    gpus = tuple(g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g)
-    if gpus:  # set by jaxreplay.devices (launch): JAXREPLAY_GPUS_PER_WORKER GPUs per worker
-      per_worker = int(os.environ.get("JAXREPLAY_GPUS_PER_WORKER", "1"))
-      split = GpuSplit(trainer=(), workers=gpus, per_worker=per_worker)
-      env["CUDA_VISIBLE_DEVICES"] = ",".join(split.worker_gpus(index))
-    return VllmWorkerProcess(
-        weights.hf_dir, policy_version=weights.version, max_model_len=c.model.max_len,
-        dtype="float32" if on_cpu else "bfloat16", seed=seed, env=env, eos_token_ids=self.stop_ids)
+    settings = vllm_engine_settings(c, on_cpu=jax.default_backend() == "cpu")
+    env = settings.pop("env")
+    gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
+    if gpus:  # jaxreplay.devices (launch): the worker GPUs, tensor_parallel_size of them per worker
+      groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
+    return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
+                             eos_token_ids=self.stop_ids, **settings)
 
   def close(self) -> None:
     if self.publisher is not None:
       self.publisher.close()
       self.publisher = None
+
+
+TRI_STATE = ("auto", "true", "false")
+
+
+def _tri_state(value, name: str, auto: bool) -> bool:
+  """"auto" -> `auto`, "true"/"false" (any case, or a bool) -> that value."""
+  if isinstance(value, bool):
+    return value
+  v = str(value).lower()
+  if v not in TRI_STATE:
+    raise ValueError(f"rollout.{name}={value!r}: expected one of {TRI_STATE}")
+  return auto if v == "auto" else v == "true"
+
+
+def vllm_engine_settings(config, on_cpu: bool) -> dict:
+  """The `VllmEngine` keyword arguments of the config's rollout.vllm_* keys, "auto" resolved.
+
+  On CPU (the test backend): float32, eager, no torch.compile, the engine core in the worker's
+  process (start-up in seconds), a KV cache of rollout.vllm_kv_cache_gib GiB. On GPU, as vLLM is
+  meant to run: bfloat16, torch.compile + CUDA graphs, the engine core in vLLM's own process (its
+  scheduling overlaps the GPU's work), gpu_memory_utilization of the worker's GPU(s) and
+  tensor_parallel_size GPUs per engine. Returns a dict with an "env" entry (the worker process's
+  environment) and the engine's keyword arguments.
+  """
+  r = config.rollout
+  eager = _tri_state(r.vllm_enforce_eager, "vllm_enforce_eager", auto=on_cpu)
+  own_process = _tri_state(r.vllm_engine_process, "vllm_engine_process", auto=not on_cpu)
+  settings = dict(
+      max_model_len=int(r.vllm_max_model_len or config.model.max_len),
+      max_num_seqs=int(r.vllm_max_num_seqs),
+      dtype="float32" if on_cpu else "bfloat16",
+      enforce_eager=eager,
+      disable_torch_compile=eager,  # eager: nothing to compile (vLLM's sampler helpers included)
+      env={"VLLM_CPU_KVCACHE_SPACE": str(r.vllm_kv_cache_gib),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if own_process else "0"})
+  if not on_cpu:
+    settings["engine_kwargs"] = dict(gpu_memory_utilization=float(r.vllm_gpu_memory_utilization),
+                                     tensor_parallel_size=int(r.vllm_tensor_parallel_size))
+  return settings
+
+
+def requests_per_call(config) -> int:
+  """Whole requests (rollout.prompts_per_request prompts x group_size) one worker takes into one
+  `generate` call, so that an engine runs full: rollout.prompts_in_flight // prompts_per_request,
+  or when 0 (auto) as many as fill rollout.vllm_max_num_seqs sequences (vllm) or one (jax).
+
+  Auto never takes more rollouts per call than the buffer holds (buffer.size, N): a call's requests
+  land together, and rollouts beyond N would push each other out of the FIFO before any is used.
+  The paper's N=84 with requests of 4 x 16 therefore keeps one request per call."""
+  r = config.rollout
+  if r.prompts_in_flight:
+    return max(1, r.prompts_in_flight // r.prompts_per_request)
+  if r.backend != "vllm":
+    return 1
+  request = r.prompts_per_request * r.group_size
+  return max(1, min(r.vllm_max_num_seqs, config.buffer.size) // request)
+
+
+def worker_gpu_groups(gpu_ids: Sequence, tensor_parallel_size: int) -> list[tuple[str, ...]]:
+  """Splits the worker GPUs into one group of `tensor_parallel_size` per vLLM worker.
+
+  Args:
+    gpu_ids: the GPU ids the rollout workers may use (ints or strings, CUDA_VISIBLE_DEVICES order).
+    tensor_parallel_size: GPUs per engine (rollout.vllm_tensor_parallel_size).
+  Returns:
+    len(gpu_ids) // tensor_parallel_size tuples of id strings; worker i takes group i (its
+    CUDA_VISIBLE_DEVICES).
+  Raises:
+    ValueError when the ids are empty or repeated, or do not divide into groups of that size.
+  """
+  ids = [str(g).strip() for g in gpu_ids]
+  tp = int(tensor_parallel_size)
+  if tp < 1:
+    raise ValueError(f"rollout.vllm_tensor_parallel_size={tp} must be >= 1")
+  if not ids:
+    raise ValueError("no worker GPUs given; list them (e.g. JAXREPLAY_WORKER_GPUS=4,5,6,7)")
+  if len(set(ids)) != len(ids):
+    raise ValueError(f"worker GPUs {ids} name a GPU twice; list each GPU once")
+  if len(ids) % tp:
+    raise ValueError(f"{len(ids)} worker GPUs {ids} do not split into engines of "
+                     f"rollout.vllm_tensor_parallel_size={tp} GPUs; give a multiple of {tp} worker "
+                     f"GPUs (e.g. {len(ids) - len(ids) % tp or tp}) or a tensor_parallel_size that "
+                     f"divides {len(ids)}")
+  return [tuple(ids[i:i + tp]) for i in range(0, len(ids), tp)]

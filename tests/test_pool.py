@@ -32,11 +32,13 @@ class FakeWorker:
     self.in_generate = threading.Event()
     self.updates = []
     self.requests = 0
+    self.call_sizes = []  # (prompts, n) of each generate call
     self.closed = False
 
   def generate(self, prompts, n, sampling):
     if self.closed:
       raise WorkerDied("closed")
+    self.call_sizes.append((len(prompts), n))
     self.in_generate.set()
     try:
       version = self.policy_version
@@ -143,6 +145,90 @@ def test_groups_reach_sink_tagged_and_refresh_between_requests():
   assert m["restarts"] == 0 and m["refreshes"] == 2 and m["target_version"] == 1
   assert m["live_threads"] == 0 and not m["failed"]
   assert all(w.closed for ws in workers.values() for w in ws)
+
+
+class SizedSource(Recorder):
+  """A Recorder whose source hands out batches only while `available` > 0 (None otherwise), with
+  n alternating 3, 3, 2 when `mixed` (two sampling runs in one take)."""
+
+  def __init__(self, available=10**9, mixed=False):
+    super().__init__()
+    self.available, self.mixed = available, mixed
+
+  def source(self, index):
+    if self.available <= 0:
+      return None
+    self.available -= 1
+    batch = super().source(index)
+    if self.mixed and batch.meta % 3 == 2:
+      batch.n = 2
+    return batch
+
+
+def test_a_worker_generates_several_requests_in_one_call_and_delivers_each():
+  rec, workers = SizedSource(available=9), {}
+  pool = make_pool(rec, workers, num_workers=1, requests_per_call=3,
+                   worker_kwargs={"delay": 0.05}).start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 9)
+    pool.raise_if_failed()
+    m = pool.metrics()
+  finally:
+    pool.stop(5)
+  assert workers[0][0].call_sizes == [(6, 3)] * 3  # 3 requests x 2 prompts per call
+  assert [d.batch.meta for d in rec.deliveries] == list(range(9))  # one delivery per request
+  for d in rec.deliveries:
+    check_complete(d)
+    for i, (g, p) in enumerate(zip(d.groups, d.batch.prompts)):
+      np.testing.assert_array_equal(g.prompt_tokens, p)  # each request gets its own groups back
+      assert g.prompt_index == i
+  assert m["requests"] == 9 and m["calls"] == 3 and m["groups"] == 18
+  # A call's seconds are split over its requests (by tokens): the sum is the worker's busy time.
+  chex.assert_trees_all_close(sum(d.generate_seconds for d in rec.deliveries),
+                              m["generate_seconds"], rtol=1e-9)
+
+
+def test_a_call_takes_what_the_source_has_and_splits_runs_of_different_sampling():
+  rec, workers = SizedSource(available=2), {}
+  pool = make_pool(rec, workers, num_workers=1, requests_per_call=4).start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 2)
+  finally:
+    pool.stop(5)
+  assert workers[0][0].call_sizes == [(4, 3)]  # 2 requests available, not 4: no waiting for more
+  rec, workers = SizedSource(available=6, mixed=True), {}
+  pool = make_pool(rec, workers, num_workers=1, requests_per_call=3).start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 6)
+  finally:
+    pool.stop(5)
+  # Requests 0,1 (n=3) in one call, request 2 (n=2) in its own; likewise 3,4 and 5.
+  assert workers[0][0].call_sizes == [(4, 3), (2, 2), (4, 3), (2, 2)]
+  assert sorted(d.batch.meta for d in rec.deliveries) == list(range(6))
+  assert all(len(g.completions) == d.batch.n for d in rec.deliveries for g in d.groups)
+  with pytest.raises(ValueError, match="requests_per_call"):
+    make_pool(rec, {}, requests_per_call=0)
+
+
+def test_a_death_mid_call_drops_every_request_of_the_call():
+  rec, workers = SizedSource(available=3), {}
+  pool = make_pool(rec, workers, num_workers=1, requests_per_call=3,
+                   worker_kwargs={"delay": 2.0}).start()
+  try:
+    pool.wait_ready(10)
+    deadline = time.monotonic() + 10
+    while not workers[0][0].in_generate.is_set() and time.monotonic() < deadline:
+      time.sleep(0.005)
+    workers[0][0].kill()
+    deadline = time.monotonic() + 10
+    while len(rec.drops) < 3 and time.monotonic() < deadline:
+      time.sleep(0.01)
+  finally:
+    pool.stop(5)
+  assert sorted(meta for meta, _ in rec.drops) == [0, 1, 2]
+  assert all(isinstance(reason, WorkerDied) for _, reason in rec.drops)
+  assert not rec.deliveries  # nothing of a half-made call reaches the sink
+  assert workers[0][0].call_sizes == [(6, 3)]
 
 
 def test_refresh_must_not_go_back():

@@ -265,6 +265,37 @@ def test_worker_process_generates_refreshes_and_reports_death(setup):
     assert time.monotonic() - start < 10
 
 
+def test_engine_core_in_its_own_process_generates_and_reloads(setup):
+  """vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, the GPU setting of
+  `workers.vllm_engine_settings`): the reload RPC (a function shipped to vLLM's worker) still loads
+  the new weights, and one call of many prompts (a pool worker's merged requests) comes back whole."""
+  from jaxreplay import config_defaults, workers  # pylint: disable=g-import-not-at-top
+  _, params, publisher = setup
+  v0 = publish_next(publisher, params[0])
+  v1 = publish_next(publisher, params[1])
+  c = config_defaults.base_config()
+  c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 64
+  c.rollout.vllm_engine_process = "true"
+  settings = workers.vllm_engine_settings(c, on_cpu=True)
+  assert settings["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+  worker = VllmWorkerProcess(v0, startup_timeout_s=600, policy_version=0, seed=0, **settings)
+  try:
+    print(f"\nvLLM worker with its engine core in a process of its own: start-up "
+          f"{worker.startup_seconds:.1f} s")
+    prompts = PROMPTS * 8  # 24 prompts x 2 samples in one call
+    groups = worker.generate(prompts, 2, SamplingParams(max_tokens=12))
+    assert len(groups) == 24 and all(g.policy_version == 0 for g in groups)
+    for g, p in zip(groups, prompts):
+      np.testing.assert_array_equal(g.prompt_tokens, p)
+    assert logprob_diffs(groups, params[0]).max() < 1e-3
+    worker.load_weights(Weights(1, hf_dir=v1))
+    groups = worker.generate(PROMPTS, 2, SamplingParams(max_tokens=12))
+    assert all(g.policy_version == 1 for g in groups)
+    assert logprob_diffs(groups, params[1]).max() < 1e-3
+  finally:
+    worker.close(timeout_s=30)
+
+
 def test_worker_process_startup_timeout(setup):
   _, _, publisher = setup
   start = time.monotonic()

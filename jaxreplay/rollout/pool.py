@@ -1,22 +1,24 @@
 """A pool of W rollout workers, each driven by its own host thread.
 
-Each thread loops: apply the newest weights if its worker is behind, take a `PromptBatch` from the
-prompt source, `generate`, run the optional `prepare` stage (in this thread, concurrently with the
-other threads: e.g. scoring the completions) and hand a `Delivery` (the groups, tagged with the
-policy version that produced them, and what `prepare` returned) to the sink, one at a time.
-Weight refreshes are applied by the worker's own thread between two requests, so no request
-straddles a refresh.
+Each thread loops: apply the newest weights if its worker is behind, take up to `requests_per_call`
+`PromptBatch`es that the prompt source has, `generate` them in one call (an engine then batches all
+their sequences: 4 prompts x 16 samples leave three quarters of a 256-sequence vLLM engine idle),
+run the optional `prepare` stage on each request's `Delivery` (in this thread, concurrently with
+the other threads: e.g. scoring the completions) and hand each `Delivery` (the groups, tagged with
+the policy version that produced them, and what `prepare` returned) to the sink, one at a time.
+Weight refreshes are applied by the worker's own thread between two calls, so no request straddles
+a refresh.
 
 Jobs (`submit`, `run_jobs`): a job is a function of a worker (e.g. an evaluation request,
 `evaluation.engine_jobs`) with the `Weights` it must run at. The next runner that is between two
-requests takes it, loads those weights when its worker holds another version, runs it on its own
+calls takes it, loads those weights when its worker holds another version, runs it on its own
 thread (so never concurrently with a generate on that worker) and returns to the newest weights
-before its next request. The caller waits on a `concurrent.futures.Future`; a job's own exception
+before its next call. The caller waits on a `concurrent.futures.Future`; a job's own exception
 is set on its future (the pool goes on), a worker death during a job re-queues it for the
 replacement worker, and a pool that stops or fails fails its pending jobs.
 
 Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
-request is dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
+requests are dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
 `make_worker(i)`, the new worker is refreshed to the newest weights, and the thread goes on. Any
 other exception (from a worker, the source, `prepare` or the sink) is a bug: the pool stops and
 `raise_if_failed()` re-raises it.
@@ -51,7 +53,8 @@ class PromptBatch:
 
 @dataclasses.dataclass
 class Delivery:
-  """What the sink receives: the groups of one whole request, all of `policy_version`."""
+  """What the sink receives: the groups of one whole request, all of `policy_version`.
+  `generate_seconds` is the request's share (by generated tokens) of the call that made it."""
   groups: list[Group]
   batch: PromptBatch
   worker_index: int
@@ -84,6 +87,7 @@ class _WorkerRunner:
     self.index = index
     self.worker: Optional[RolloutWorker] = None
     self.requests = 0
+    self.calls = 0
     self.groups = 0
     self.completions = 0
     self.tokens = 0
@@ -91,6 +95,7 @@ class _WorkerRunner:
     self.failed_starts = 0
     self.dropped = 0
     self.refreshes = 0
+    self.refresh_seconds = 0.0  # in load_weights of refreshes (not of a worker's start)
     self.generate_seconds = 0.0
     self.jobs = 0  # jobs run to the end (`WorkerPool.submit`)
     self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
@@ -112,11 +117,11 @@ class _WorkerRunner:
           continue
         if not self._refresh_if_behind():
           continue
-        batch = pool._next_batch(self.index)  # pylint: disable=protected-access
-        if batch is None:
+        batches = self._take()
+        if not batches:
           pool._stop.wait(pool.idle_sleep_s)  # pylint: disable=protected-access
           continue
-        self._serve(batch)
+        self._serve(batches)
     except BaseException as e:  # pylint: disable=broad-except
       pool._fail(self.index, e)  # pylint: disable=protected-access
     finally:
@@ -151,40 +156,81 @@ class _WorkerRunner:
     target = self.pool.target
     if target is None or self.worker.policy_version == target.version:
       return True
+    start = time.perf_counter()
     try:
       self.worker.load_weights(target)
     except WorkerDied as e:
       self._replace(e)
       return False
+    self.refresh_seconds += time.perf_counter() - start
     self.refreshes += 1
     return True
 
-  def _serve(self, batch: PromptBatch) -> None:
+  def _take(self) -> list[PromptBatch]:
+    """Up to `pool.requests_per_call` requests that the source has now (none when it has none)."""
+    batches = []
+    while len(batches) < self.pool.requests_per_call:
+      batch = self.pool._next_batch(self.index)  # pylint: disable=protected-access
+      if batch is None:
+        break
+      batches.append(batch)
+    return batches
+
+  def _serve(self, batches: list[PromptBatch]) -> None:
+    """Generates the requests in one `generate` call per run of equal (n, sampling), so that the
+    engine batches all their sequences, then delivers each request on its own."""
+    pending = list(batches)
+    while pending:
+      same = [b for b in pending if (b.n, b.sampling) == (pending[0].n, pending[0].sampling)]
+      pending = [b for b in pending if all(b is not s for s in same)]
+      reason = self._serve_together(same)
+      if reason is not None:
+        for b in pending:
+          self._drop(b, reason)
+        return
+
+  def _serve_together(self, batches: list[PromptBatch]) -> Optional[BaseException]:
+    """One `generate` call for `batches` (same n and sampling). Returns None when they were
+    delivered, else why they were dropped (the worker died, or the pool stops)."""
     pool = self.pool
     version = self.worker.policy_version
+    prompts = [p for b in batches for p in b.prompts]
+    n, sampling = batches[0].n, batches[0].sampling
     start = time.perf_counter()
     try:
-      groups = self.worker.generate(batch.prompts, batch.n, batch.sampling)
+      groups = self.worker.generate(prompts, n, sampling)
     except WorkerDied as e:
-      self._drop(batch, e)
+      for b in batches:
+        self._drop(b, e)
       self._replace(e)
-      return
+      return e
     seconds = time.perf_counter() - start
-    _check_groups(groups, batch, version)
+    _check_groups(groups, len(prompts), n, version)
     if pool.stopping:
-      self._drop(batch, PoolStopped("the pool stopped before this request was delivered"))
-      return
-    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
-    delivery = Delivery(groups=groups, batch=batch, worker_index=self.index, policy_version=version,
-                        generate_seconds=seconds, num_tokens=tokens)
-    if pool.prepare is not None:
-      delivery.prepared = pool.prepare(delivery)  # no lock: the threads prepare in parallel
-    pool._deliver(delivery)  # pylint: disable=protected-access
-    self.requests += 1
-    self.groups += len(groups)
-    self.completions += sum(len(g.completions) for g in groups)
-    self.tokens += tokens
+      stopped = PoolStopped("the pool stopped before this request was delivered")
+      for b in batches:
+        self._drop(b, stopped)
+      return stopped
+    total_tokens = max(sum(len(c.tokens) for g in groups for c in g.completions), 1)
+    offset = 0
+    for b in batches:
+      mine = [dataclasses.replace(g, prompt_index=i)
+              for i, g in enumerate(groups[offset:offset + len(b.prompts)])]
+      offset += len(b.prompts)
+      tokens = sum(len(c.tokens) for g in mine for c in g.completions)
+      share = seconds * tokens / total_tokens if len(batches) > 1 else seconds
+      delivery = Delivery(groups=mine, batch=b, worker_index=self.index, policy_version=version,
+                          generate_seconds=share, num_tokens=tokens)
+      if pool.prepare is not None:
+        delivery.prepared = pool.prepare(delivery)  # no lock: the threads prepare in parallel
+      pool._deliver(delivery)  # pylint: disable=protected-access
+      self.requests += 1
+      self.groups += len(mine)
+      self.completions += sum(len(g.completions) for g in mine)
+      self.tokens += tokens
+    self.calls += 1
     self.generate_seconds += seconds
+    return None
 
   def _run_job(self, job: _Job) -> None:
     """Runs `job` on this runner's worker at `job.weights` (between two requests)."""
@@ -225,15 +271,15 @@ class _WorkerRunner:
                        f"(max_restarts={self.pool.max_restarts})")
 
 
-def _check_groups(groups: list[Group], batch: PromptBatch, version: int) -> None:
-  if len(groups) != len(batch.prompts):
-    raise RuntimeError(f"worker returned {len(groups)} groups for {len(batch.prompts)} prompts")
+def _check_groups(groups: list[Group], num_prompts: int, n: int, version: int) -> None:
+  if len(groups) != num_prompts:
+    raise RuntimeError(f"worker returned {len(groups)} groups for {num_prompts} prompts")
   for g in groups:
     if g.policy_version != version:
       raise RuntimeError(f"a group is tagged version {g.policy_version}, but the worker held "
                          f"version {version} for the whole request")
-    if len(g.completions) != batch.n:
-      raise RuntimeError(f"a group has {len(g.completions)} completions, expected n={batch.n}")
+    if len(g.completions) != n:
+      raise RuntimeError(f"a group has {len(g.completions)} completions, expected n={n}")
 
 
 def _settle(future: concurrent.futures.Future, result: Any = None,
@@ -277,15 +323,23 @@ class WorkerPool:
     max_restarts: per worker slot, for deaths and for failed starts; beyond it the pool fails.
     on_drop: called with each dropped request (its worker died, or the pool stopped) so that the
       caller may re-queue its prompts.
+    requests_per_call: a worker takes up to this many requests that the source has at once and
+      generates them in one call (so that an engine batches all their sequences); each is still
+      delivered on its own, tagged with the one version that generated the whole call.
   """
 
   def __init__(self, make_worker: Callable[[int], RolloutWorker], num_workers: int,
                source: PromptSource, sink: Sink, *,
                initial_weights: Optional[Weights] = None, max_restarts: int = 5,
                restart_backoff_s: float = 1.0, idle_sleep_s: float = 0.05,
-               on_drop: Optional[DropHandler] = None, prepare: Optional[Prepare] = None):
+               on_drop: Optional[DropHandler] = None, prepare: Optional[Prepare] = None,
+               requests_per_call: int = 1):
     if num_workers < 1:
       raise ValueError(f"num_workers={num_workers} must be >= 1")
+    if requests_per_call < 1:
+      raise ValueError(f"requests_per_call={requests_per_call} must be >= 1 (set "
+                       "rollout.prompts_in_flight to 0 or a multiple of prompts_per_request)")
+    self.requests_per_call = int(requests_per_call)
     self.make_worker = make_worker
     self.num_workers = int(num_workers)
     self.source = source
@@ -417,8 +471,8 @@ class WorkerPool:
   def metrics(self) -> dict[str, Any]:
     """Totals and per-worker counters; tokens_per_second is over the pool's wall time."""
     wall = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
-    keys = ("requests", "groups", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "generate_seconds")
+    keys = ("requests", "calls", "groups", "completions", "tokens", "restarts", "failed_starts", "dropped",
+            "refreshes", "refresh_seconds", "generate_seconds")
     per_worker = [dict({k: getattr(r, k) for k in keys}, index=r.index, version=r.version,
                        alive=r.thread.is_alive()) for r in self._runners]
     totals = {k: sum(w[k] for w in per_worker) for k in keys}

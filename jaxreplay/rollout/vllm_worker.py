@@ -18,7 +18,9 @@ Stopping: a completion ends after a token of `SamplingParams.stop_token_ids` or 
 `eos_token_ids` (default: config.json's `eos_token_id`, as the JAX sampler does); that token is kept.
 
 Weight refresh: `load_weights(Weights(version, hf_dir=...))` reloads the safetensors written by
-`models.save_hf` in one RPC (`reload_weights`) and resets the prefix cache. On CPU, vLLM keeps a
+`models.save_hf` in one RPC (vLLM's in-place `reload_weights`, which keeps CUDA-graph references,
+called by name through `WorkerExtension` so that it also reaches an engine core in its own process)
+and resets the prefix cache. On CPU, vLLM keeps a
 packed copy of each linear weight; with tied embeddings the LM head is not reloaded itself (its
 weight is the embedding's) so its packed copy would stay stale: it is re-packed after the reload.
 `generate` and `load_weights` hold one lock, so no request straddles a refresh, and every Group
@@ -150,6 +152,19 @@ def _reload_worker_weights(worker, weights_path: str) -> None:
     quant_method.process_weights_after_loading(lm_head)
 
 
+class WorkerExtension:
+  """Mixed into vLLM's worker class (`worker_extension_cls`), so that the reload is called by name:
+  `collective_rpc("jaxreplay_reload_weights", ...)` reaches the worker wherever it runs. A function
+  shipped through collective_rpc only works with the engine core in the caller's process (vLLM
+  serialises RPCs to its own engine-core process without pickle)."""
+
+  def jaxreplay_reload_weights(self, weights_path: str) -> None:
+    _reload_worker_weights(self, weights_path)
+
+
+WORKER_EXTENSION = "jaxreplay.rollout.vllm_worker.WorkerExtension"
+
+
 def _config_eos_ids(hf_dir: str) -> tuple[int, ...]:
   with open(os.path.join(hf_dir, "config.json")) as f:
     eos = json.load(f).get("eos_token_id")
@@ -198,13 +213,15 @@ class VllmEngine:
     seed: the engine seed; request seeds derive from it (see `request_seed`).
     eos_token_ids: ids that always end a completion, on top of `SamplingParams.stop_token_ids`;
       None means config.json's `eos_token_id` (when set), () disables.
-    enforce_eager: no CUDA graphs / torch.compile of the model (start-up in seconds on CPU).
+    enforce_eager: no CUDA graphs / torch.compile of the model (start-up in seconds on CPU); the
+      run picks it per platform (`workers.vllm_engine_settings`: eager on CPU, graphs on GPU).
     logprobs_mode: "processed_logprobs" (default, see the module docstring) or "raw_logprobs".
     disable_torch_compile: turns torch.compile off in this process. vLLM compiles small sampler
       helpers with inductor, which costs ~15 s on the first request on a small CPU machine.
     env: environment variables set before vLLM is imported (defaults: in-process engine core,
       `VLLM_CPU_KVCACHE_SPACE=1` GiB, warnings-only logging).
-    engine_kwargs: more `vllm.LLM` keyword arguments (e.g. `gpu_memory_utilization`).
+    engine_kwargs: more `vllm.LLM` keyword arguments (e.g. `gpu_memory_utilization`,
+      `tensor_parallel_size`).
   """
 
   def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
@@ -242,7 +259,7 @@ class VllmEngine:
     kwargs = dict(model=hf_dir, skip_tokenizer_init=True, dtype=dtype, seed=self.seed,
                   enforce_eager=enforce_eager, logprobs_mode=logprobs_mode,
                   max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                  use_tqdm_on_load=False)
+                  use_tqdm_on_load=False, worker_extension_cls=WORKER_EXTENSION)
     kwargs.update(engine_kwargs or {})
     self._llm = vllm.LLM(**kwargs)
     self.startup_seconds = time.perf_counter() - start
@@ -287,7 +304,7 @@ class VllmEngine:
     with self._lock:
       llm = self._require_open()
       start = time.perf_counter()
-      llm.collective_rpc(_reload_worker_weights, args=(os.path.abspath(hf_dir),))
+      llm.collective_rpc("jaxreplay_reload_weights", args=(os.path.abspath(hf_dir),))
       if not llm.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
       self.policy_version = int(weights.version)
