@@ -42,6 +42,7 @@ import numpy as np
 from jaxreplay.child_process import ChildDied, ChildProcess
 from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
                                     WorkerDied, check_prompts)
+from jaxreplay.tasks import tokenizer as tokenizer_lib
 
 # Set in the engine's process before vLLM is imported (defaults; the caller's values win).
 _DEFAULT_ENV = {
@@ -165,14 +166,6 @@ class WorkerExtension:
 WORKER_EXTENSION = "jaxreplay.rollout.vllm_worker.WorkerExtension"
 
 
-def _config_eos_ids(hf_dir: str) -> tuple[int, ...]:
-  with open(os.path.join(hf_dir, "config.json")) as f:
-    eos = json.load(f).get("eos_token_id")
-  if eos is None:
-    return ()
-  return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-
-
 def _weights_hf_dir(weights: Weights) -> str:
   if not isinstance(weights, Weights):
     raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
@@ -245,7 +238,7 @@ class VllmEngine:
     self._vllm = vllm
     self._tokens_prompt = TokensPrompt
     self.seed = int(seed)
-    self.eos_token_ids = (_config_eos_ids(hf_dir) if eos_token_ids is None
+    self.eos_token_ids = (tokenizer_lib.model_eos_ids(hf_dir) if eos_token_ids is None
                           else tuple(int(e) for e in eos_token_ids))
     self.max_model_len = int(max_model_len)
     self.logprobs_mode = logprobs_mode
