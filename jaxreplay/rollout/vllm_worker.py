@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gc
 import glob
-import json
 import logging
 import os
 import threading
