@@ -200,7 +200,8 @@ def load_codec(c, task, workdir: str):
 
 def model_config(c, codec) -> models.ModelConfig:
   """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
-  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
+                   attention=c.model.attention)
   if c.model.path:
     model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
   else:

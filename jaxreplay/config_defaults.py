@@ -23,6 +23,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"
   c.model.remat = False
+  c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
+                                   # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
 
   c.task = ml_collections.ConfigDict()
