@@ -136,6 +136,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
+  c.log.wandb_project = ""         # Weights & Biases project; "" = off (wandb is not imported)
+  c.log.wandb_entity = ""          # W&B team / user; "" = your default entity
+  c.log.wandb_mode = "online"      # online | offline (DIR/wandb; upload later with `wandb sync`)
+  c.log.wandb_run_name = ""        # "" = the workdir's name
   return c
 
 
