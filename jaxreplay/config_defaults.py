@@ -86,6 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
                                      # nonfinite_skipped); this many in a row stop the run
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+  c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
+                                   # the fewest token slots); same loss and gradients, less padding
+                                   # (tiny default: padding 44% -> 25%, 25% fewer token slots)
 
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.kind = "simulated"   # simulated: W workers / T trainer devices in virtual time |
@@ -166,6 +169,7 @@ def gpu_math_config(preset: str, learning_rate: float, mu: float,
   c.trainer.num_devices = 3            # T
   c.trainer.learning_rate = learning_rate
   c.trainer.num_microbatches = num_microbatches
+  c.trainer.pack = True                # long-tailed math lengths: most of a 4.6k row is padding
   c.scheduler.kind = "async"
   c.scheduler.mu = mu
   c.eval.every = 50
