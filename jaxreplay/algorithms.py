@@ -50,6 +50,11 @@ def asymre_advantages(rewards: Array, *, tau: float = -0.1) -> Array:
   return losses.asymre_advantages(rewards, tau=tau)
 
 
+def _segments(batch: Batch) -> Optional[Array]:
+  """The segment ids that delimit rollouts in a packed batch; None when each row is one rollout."""
+  return batch.segment_ids if batch.packed else None
+
+
 def grpo_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
               aggregation: str = "token_mean", normalizer: Optional[float] = None,
               kl_coef: float = 0.0, eps_low: float = 0.2, eps_high: float = 0.2,
@@ -67,7 +72,8 @@ def grpo_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = Non
     tis = dict(tis_logprobs=jax.lax.stop_gradient(logprobs), tis_cap=tis_cap)
   return losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
                           batch.completion_mask, eps_low, eps_high, aggregation=aggregation,
-                          normalizer=normalizer, ref_logprobs=ref_logprobs, kl_coef=kl_coef, **tis)
+                          normalizer=normalizer, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                          segment_ids=_segments(batch), **tis)
 
 
 def asymre_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
@@ -77,7 +83,8 @@ def asymre_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = N
   return losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
                             aggregation=aggregation, normalizer=normalizer,
                             ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                            behaviour_logprobs=batch.behaviour_logprobs)
+                            behaviour_logprobs=batch.behaviour_logprobs,
+                            segment_ids=_segments(batch))
 
 
 ALGORITHMS: dict[str, Algorithm] = {

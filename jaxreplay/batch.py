@@ -1,6 +1,7 @@
 """The two records the trainer consumes: `Rollout` (one sampled completion, host side) and `Batch`.
 
-`Batch` is the trainer's fixed-shape batch: one rollout per row, right-padded to a length bucket.
+`Batch` is the trainer's fixed-shape batch: one rollout per row, right-padded to a length bucket
+(or, packed, several rollouts per row: see "Packed layout" below).
 
 Shapes (B rows, T = the bucket length in tokens):
   tokens             int32   [B, T]  prompt + completion tokens, then padding (pad id 0)
@@ -13,6 +14,16 @@ Shapes (B rows, T = the bucket length in tokens):
   rewards            float32 [B]     the rollout's reward
   policy_version     int32   [B]     version of the policy that generated the rollout
 A row that is all padding (mask 0) contributes nothing to any loss.
+
+Packed layout (`collate.collate(..., pack=True)`; `Batch.packed` is True): a row holds several
+rollouts one after another, rollout k of the row in segment k (segment_ids 1, 2, ...; 0 on
+padding), its positions restarting at 0 and the target of its last token padding. The
+per-rollout fields become per-token, each token carrying its rollout's value (0 on padding):
+  advantages         float32 [B, T]
+  rewards            float32 [B, T]
+  policy_version     int32   [B, T]
+A rollout is then a (row, segment) pair: per-sequence statistics (`losses.aggregate`'s
+"sequence_mean", advantage_mean) are taken over those, not over rows.
 """
 from __future__ import annotations
 
@@ -37,6 +48,12 @@ class Batch(NamedTuple):
   @property
   def shape(self) -> tuple[int, int]:
     return tuple(self.tokens.shape)
+
+  @property
+  def packed(self) -> bool:
+    """Whether rows may hold several rollouts (per-token advantages; see the module docstring).
+    Static under jit: it reads a rank, not values."""
+    return len(self.advantages.shape) == 2
 
 
 def zeros(batch_size: int, seq_len: int) -> Batch:

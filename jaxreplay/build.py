@@ -81,6 +81,7 @@ def validate_config(c) -> None:
                   f"model.max_len={c.model.max_len}; raise model.max_len")
   if c.total_steps < 1:
     errors.append(f"total_steps={c.total_steps} must be >= 1")
+  errors.extend(metrics_lib.wandb_config_errors(c))
   if c.compute_budget < 0:
     errors.append(f"compute_budget={c.compute_budget} must be >= 0 (device-seconds; 0 = off)")
   if c.compute_budget > 0 and c.trainer.schedule == "cosine":
@@ -304,7 +305,8 @@ def load_codec(c, task, workdir: str):
 
 def model_config(c, codec) -> models.ModelConfig:
   """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
-  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
+                   attention=c.model.attention)
   if c.model.path:
     model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
   else:
@@ -438,7 +440,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
-                                     enabled=jax.process_index() == 0)
+                                     enabled=jax.process_index() == 0,
+                                     wandb=metrics_lib.wandb_settings(c))
   stack.callback(writer.close)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log

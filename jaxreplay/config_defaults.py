@@ -109,6 +109,9 @@ def base_config() -> ml_collections.ConfigDict:
                                      # nonfinite_skipped); this many in a row stop the run
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+  c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
+                                   # the fewest token slots); same loss and gradients, less padding
+                                   # (tiny default: padding 44% -> 25%, 25% fewer token slots)
 
   c.devices = ml_collections.ConfigDict()  # GPUs of one node (jaxreplay.devices); CPU: unused
   c.devices.trainer = ""           # "0,1,2": the trainer's GPUs; "" = the first trainer.num_devices
@@ -173,6 +176,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
+  c.log.wandb_project = ""         # Weights & Biases project; "" = off (wandb is not imported)
+  c.log.wandb_entity = ""          # W&B team / user; "" = your default entity
+  c.log.wandb_mode = "online"      # online | offline (DIR/wandb; upload later with `wandb sync`)
+  c.log.wandb_run_name = ""        # "" = the workdir's name
   return c
 
 
@@ -203,6 +210,7 @@ def gpu_math_config(preset: str, learning_rate: float, mu: float,
   c.trainer.num_devices = 3            # T
   c.trainer.learning_rate = learning_rate
   c.trainer.num_microbatches = num_microbatches
+  c.trainer.pack = True                # long-tailed math lengths: most of a 4.6k row is padding
   c.scheduler.kind = "async"
   c.scheduler.mu = mu
   c.eval.every = 50

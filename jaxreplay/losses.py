@@ -7,10 +7,14 @@ computation runs in float32, whatever the input dtype (bfloat16 log-probs give a
 Shapes: B rows (one rollout each), T tokens, P prompts, G responses per prompt.
   logprobs, behaviour_logprobs, ref_logprobs, tis_logprobs  float [B, T]  nats, aligned with targets
   mask                                                      {0, 1} [B, T] 1 on completion tokens
-  advantages                                                float [B]
+  advantages                                                float [B], or [B, T] per token
+  segment_ids                                               int [B, T] or None (see below)
   rewards                                                   float or int [P, G]
 Padding positions (mask 0) may hold any finite or non-finite value: they are replaced by 0 before
 any arithmetic, so they contribute nothing to the loss, its gradient or the statistics.
+Sequences: with segment_ids None each row is one sequence (rollout); with segment_ids (packed rows,
+`jaxreplay.batch`) each (row, nonzero segment id) pair is one. Per-sequence statistics
+("sequence_mean", advantage_mean, the "row_mean" kind) count sequences with >= 1 valid token.
 
 References:
   GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300, eq. (3) and section 4.1.2.
@@ -41,7 +45,7 @@ AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 #   "sum"         summed (counts)
 #   "max"         the maximum
 #   "token_mean"  weighted by valid tokens (means over valid tokens)
-#   "row_mean"    weighted by rows with at least one valid token (means over rows)
+#   "row_mean"    weighted by sequences (rows, or packed segments) with at least one valid token
 #   "loss"        weighted like the loss, per its aggregation (see `aggregate`)
 # Every key a loss returns must be declared here: the train step refuses an undeclared one rather
 # than guess.
@@ -94,6 +98,32 @@ def _f32(x: Array) -> Array:
 def _masked_mean(x: Array, mask: Array) -> Array:
   """sum(x * mask) / max(sum(mask), 1): the mean over valid entries, 0 when there are none."""
   return jnp.sum(jnp.where(mask > 0, x, 0.0) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def sequence_sums(x: Array, segment_ids: Optional[Array] = None) -> Array:
+  """Per-sequence sums of x [B, T]: float32 [B, 1] (segment_ids None: a row is a sequence) or
+  [B, T + 1] (entry s of row b sums the tokens of segment s; ids outside [0, T] are clipped)."""
+  x = _f32(x)
+  if segment_ids is None:
+    return jnp.sum(x, axis=1, keepdims=True)
+  t = x.shape[1]
+  seg = jnp.clip(jnp.asarray(segment_ids).astype(jnp.int32), 0, t)
+  return jax.vmap(lambda xr, sr: jax.ops.segment_sum(xr, sr, num_segments=t + 1))(x, seg)
+
+
+def sequence_means(x: Array, mask: Array, segment_ids: Optional[Array] = None):
+  """(means, valid): each sequence's mean of x over its valid tokens (0 without any) and whether it
+  has one, both float32 [B, 1] or [B, T + 1] (see `sequence_sums`); masked x is zeroed first."""
+  m = _f32(mask)
+  counts = sequence_sums(m, segment_ids)
+  sums = sequence_sums(jnp.where(m > 0, _f32(x), 0.0) * m, segment_ids)
+  return sums / jnp.maximum(counts, 1.0), (counts > 0).astype(jnp.float32)
+
+
+def num_sequences(mask: Array, segment_ids: Optional[Array] = None) -> Array:
+  """float32 scalar: sequences (rows, or (row, segment) pairs) with >= 1 valid token in mask."""
+  return jnp.sum((sequence_sums((_f32(mask) > 0).astype(jnp.float32), segment_ids) > 0)
+                 .astype(jnp.float32))
 
 
 # ------------------------------------------------------------------------------------- advantages
@@ -154,11 +184,13 @@ def asymre_advantages(rewards: Array, tau: Scalar = -0.1) -> Array:
 
 
 def aggregate(per_token: Array, mask: Array, aggregation: str,
-              normalizer: Optional[Scalar] = None) -> Array:
+              normalizer: Optional[Scalar] = None,
+              segment_ids: Optional[Array] = None) -> Array:
   """Reduces a per-token quantity x [B, T] to a float32 scalar over the valid tokens (mask > 0).
 
     "token_mean":    sum_{b,t} m x / sum_{b,t} m                   (every valid token weighs the same)
-    "sequence_mean": mean over rows b with sum_t m > 0 of (sum_t m x / sum_t m)   (every row the same)
+    "sequence_mean": mean over sequences with sum m > 0 of (their sum m x / sum m)
+                     (every sequence the same; a sequence is a row, or a packed segment)
     "constant":      sum_{b,t} m x / normalizer, normalizer = B * T by default
                      (length-unbiased, as in Dr. GRPO, arXiv 2503.20783).
 
@@ -170,6 +202,7 @@ def aggregate(per_token: Array, mask: Array, aggregation: str,
     mask: {0, 1} [B, T] (float, int or bool).
     aggregation: one of AGGREGATIONS.
     normalizer: only with "constant": the divisor, instead of B * T (e.g. B * max_tokens).
+    segment_ids: int [B, T] of packed rows, or None (each row one sequence); "sequence_mean" only.
 
   Returns:
     float32 scalar.
@@ -189,6 +222,9 @@ def aggregate(per_token: Array, mask: Array, aggregation: str,
   x = jnp.where(m > 0, _f32(per_token), 0.0) * m
   if aggregation == "token_mean":
     return jnp.sum(x) / jnp.maximum(jnp.sum(m), 1.0)
+  if aggregation == "sequence_mean" and segment_ids is not None:
+    means, valid = sequence_means(per_token, m, segment_ids)
+    return jnp.sum(means * valid) / jnp.maximum(jnp.sum(valid), 1.0)
   if aggregation == "sequence_mean":
     row_count = jnp.sum(m, axis=1)
     row_mean = jnp.sum(x, axis=1) / jnp.maximum(row_count, 1.0)
@@ -291,7 +327,8 @@ def truncated_is_weights(trainer_logprobs: Array, sampler_logprobs: Array,
 
 
 def _check_token_inputs(fn_name, advantages, token_arrays):
-  """Checks each [B, T] array (a dict name -> array or None, "logprobs" first) and advantages [B]."""
+  """Checks each [B, T] array (a dict name -> array or None, "logprobs" first), advantages [B] or
+  [B, T] (packed rows: per token) and segment_ids (int [B, T] or None)."""
   shape = jnp.shape(token_arrays["logprobs"])
   for name, a in token_arrays.items():
     if a is None:
@@ -301,11 +338,13 @@ def _check_token_inputs(fn_name, advantages, token_arrays):
       chex.assert_shape(a, shape)
       if name == "mask":
         _assert_numeric(a, name)
+      elif name == "segment_ids":
+        chex.assert_type(a, int)
       else:
         chex.assert_type(a, float)
-  with _checking(f"{fn_name}, argument 'advantages' (one per row)"):
-    chex.assert_rank(advantages, 1)
-    chex.assert_shape(advantages, shape[:1])
+  with _checking(f"{fn_name}, argument 'advantages' (one per row, or per token [B, T])"):
+    chex.assert_rank(advantages, {1, 2})
+    chex.assert_shape(advantages, shape[:jnp.ndim(advantages)])
     chex.assert_type(advantages, float)
 
 
@@ -314,13 +353,19 @@ def _check_kl_args(ref_logprobs, kl_coef):
     raise ValueError(f"kl_coef={kl_coef} needs ref_logprobs (the reference policy's log-probs [B, T])")
 
 
-def _common_aux(lp, adv, m, pg_per_token, aggregation, normalizer):
-  row_valid = (jnp.sum(m, axis=1) > 0).astype(jnp.float32)
+def _common_aux(lp, adv, m, pg_per_token, aggregation, normalizer, segment_ids=None):
+  if adv.ndim == 1 and segment_ids is None:
+    row_valid = (jnp.sum(m, axis=1) > 0).astype(jnp.float32)
+    advantage_mean = jnp.sum(adv * row_valid) / jnp.maximum(jnp.sum(row_valid), 1.0)
+  else:  # per-token advantages / packed rows: each sequence's advantage, averaged over sequences
+    adv_tokens = jnp.broadcast_to(adv[:, None], m.shape) if adv.ndim == 1 else adv
+    means, valid = sequence_means(adv_tokens, m, segment_ids)
+    advantage_mean = jnp.sum(means * valid) / jnp.maximum(jnp.sum(valid), 1.0)
   return {
       "num_tokens": jnp.sum(m),
-      "advantage_mean": jnp.sum(adv * row_valid) / jnp.maximum(jnp.sum(row_valid), 1.0),
+      "advantage_mean": advantage_mean,
       "entropy_proxy": _masked_mean(-lp, m),
-      "pg_loss": aggregate(pg_per_token, m, aggregation, normalizer),
+      "pg_loss": aggregate(pg_per_token, m, aggregation, normalizer, segment_ids),
   }
 
 
@@ -340,7 +385,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
               eps_low: Scalar = 0.2, eps_high: Scalar = 0.2, aggregation: str = "token_mean", *,
               normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
               kl_coef: Scalar = 0.0, tis_logprobs: Optional[Array] = None,
-              tis_cap: Optional[Scalar] = None) -> tuple[Array, dict[str, Array]]:
+              tis_cap: Optional[Scalar] = None,
+              segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
   """The GRPO loss (arXiv 2402.03300 eq. 3) with clip-higher (arXiv 2503.14476), optional KL and TIS.
 
     rho_{b,t}  = exp(lp_{b,t} - old_{b,t}),  old = behaviour_logprobs (or tis_logprobs, see below)
@@ -356,7 +402,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
     logprobs: float [B, T], log pi_theta(target_t) under the parameters being trained (gradients flow).
     behaviour_logprobs: float [B, T], the sampler's log-probs of the same tokens, stored with the
       rollout (Batch.behaviour_logprobs).
-    advantages: float [B], one per row (e.g. grpo_advantages flattened).
+    advantages: float [B], one per row (e.g. grpo_advantages flattened), or [B, T] per token
+      (packed rows: each token carries its rollout's advantage).
     mask: {0, 1} [B, T], 1 on completion tokens.
     eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] (paper: 0.2 and 0.2).
     aggregation: "token_mean" | "sequence_mean" | "constant" (see `aggregate`).
@@ -368,6 +415,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       policy version that generated them (or stop_gradient(logprobs), as `trainer.make_loss_fn`
       passes: a replay buffer cannot recompute them per version); None turns TIS off.
     tis_cap: the truncation C of the TIS weights (None: no truncation); needs tis_logprobs.
+    segment_ids: int [B, T] for packed rows (each (row, segment) a sequence for "sequence_mean"
+      and advantage_mean), or None: each row is one sequence.
 
   Returns:
     (loss float32 scalar, aux dict of float32 scalars):
@@ -386,7 +435,7 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       raise ValueError(f"{name} must be >= 0, got {eps}")
   _check_token_inputs("grpo_loss", advantages, {
       "logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
-      "ref_logprobs": ref_logprobs, "tis_logprobs": tis_logprobs})
+      "ref_logprobs": ref_logprobs, "tis_logprobs": tis_logprobs, "segment_ids": segment_ids})
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {AGGREGATIONS}")
   m = _f32(mask)
@@ -395,6 +444,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
   lp = jnp.where(valid, _f32(logprobs), 0.0)
   behaviour = jnp.where(valid, _f32(behaviour_logprobs), 0.0)
   adv = _f32(advantages)
+  if adv.ndim == 2:
+    adv = jnp.where(valid, adv, 0.0)
 
   aux = {}
   if tis_logprobs is not None:
@@ -412,9 +463,9 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
   per_token = -objective
   if ref_logprobs is not None:
     per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, m, aux)
-  loss = aggregate(per_token, m, aggregation, normalizer)
+  loss = aggregate(per_token, m, aggregation, normalizer, segment_ids)
 
-  aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer))
+  aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer, segment_ids))
   aux.update(_ratio_aux(ratio, m))
   aux["clip_fraction"] = _masked_mean(clipped.astype(jnp.float32), m)
   return loss, jax.lax.stop_gradient(aux)
@@ -422,8 +473,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
 
 def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: str = "token_mean", *,
                 normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
-                kl_coef: Scalar = 0.0,
-                behaviour_logprobs: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
+                kl_coef: Scalar = 0.0, behaviour_logprobs: Optional[Array] = None,
+                segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
   """The Asymmetric REINFORCE loss (arXiv 2506.20520): REINFORCE with a shifted baseline, no ratio.
 
     loss_{b,t} = -A_b * lp_{b,t} + kl_coef * k3(lp_{b,t}, ref_{b,t})
@@ -434,7 +485,7 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
 
   Args:
     logprobs: float [B, T], log pi_theta(target_t) under the parameters being trained.
-    advantages: float [B].
+    advantages: float [B], or [B, T] per token (packed rows).
     mask: {0, 1} [B, T], 1 on completion tokens.
     aggregation: "token_mean" | "sequence_mean" | "constant" (see `aggregate`).
     normalizer: the divisor for "constant" (default B * T).
@@ -443,6 +494,7 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
     behaviour_logprobs: float [B, T], the sampler's log-probs, optional and for monitoring only: when
       given, aux gets ratio_mean / ratio_max of pi_theta / pi_behaviour (how off-policy the batch is).
       The loss does not depend on it.
+    segment_ids: int [B, T] for packed rows, or None (see `grpo_loss`).
 
   Returns:
     (loss float32 scalar, aux dict of float32 scalars): num_tokens, advantage_mean, entropy_proxy,
@@ -452,7 +504,7 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
   _check_kl_args(ref_logprobs, kl_coef)
   _check_token_inputs("asymre_loss", advantages, {
       "logprobs": logprobs, "mask": mask, "ref_logprobs": ref_logprobs,
-      "behaviour_logprobs": behaviour_logprobs})
+      "behaviour_logprobs": behaviour_logprobs, "segment_ids": segment_ids})
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {AGGREGATIONS}")
   m = _f32(mask)
@@ -461,13 +513,15 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
   adv = _f32(advantages)
 
   aux = {}
-  objective = adv[:, None] * lp
+  if adv.ndim == 2:
+    adv = jnp.where(valid, adv, 0.0)
+  objective = (adv[:, None] if adv.ndim == 1 else adv) * lp
   per_token = -objective
   if ref_logprobs is not None:
     per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, m, aux)
-  loss = aggregate(per_token, m, aggregation, normalizer)
+  loss = aggregate(per_token, m, aggregation, normalizer, segment_ids)
 
-  aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer))
+  aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer, segment_ids))
   if behaviour_logprobs is not None:
     behaviour = jnp.where(valid, _f32(behaviour_logprobs), 0.0)
     aux.update(_ratio_aux(jnp.exp(lp - behaviour), m))

@@ -1,4 +1,5 @@
-"""Metrics outputs: `DIR/metrics.jsonl`, TensorBoard events in `DIR/tb`, and a progress line.
+"""Metrics outputs: `DIR/metrics.jsonl`, TensorBoard events in `DIR/tb`, optionally Weights &
+Biases (`WandbLogger`, config log.wandb_*), and a progress line.
 
 Each JSONL line is one JSON object {"step": int, name: value, ...}. Values are converted to Python
 floats / ints (numpy and JAX scalars included); non-finite floats are written as null (strict JSON)
@@ -6,9 +7,13 @@ and left out of TensorBoard (a NaN there is a warning per value; e.g. reward_mea
 without fresh rollouts, by design). TensorBoard names keep to its charset: "eval/pass@1" is
 "eval/pass_1" there (`tensorboard_name`). Resuming at step S keeps lines with step <= S and drops the rest, so a
 resumed run never duplicates steps; TensorBoard is told to purge events after S as well.
+W&B gets the same rows (finite numbers only) with "step" as their x axis; a resumed run continues
+the same W&B run (its id is kept in DIR/wandb_run_id), where the steps after S appear a second time.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import math
 import numbers
@@ -77,24 +82,127 @@ def read_metrics(workdir_or_file: str) -> list[dict]:
   return rows
 
 
+def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
+  """The finite int / float values of a row (what TensorBoard and W&B receive)."""
+  return {k: v for k, v in row.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+WANDB_MODES = ("online", "offline")
+WANDB_RUN_ID_FILE = "wandb_run_id"
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbSettings:
+  """Where and how a run logs to Weights & Biases (config keys log.wandb_*).
+
+  project: the W&B project (log.wandb_project; empty means no W&B, see `wandb_settings`).
+  mode: "online" (streams to the server; needs `wandb login` or WANDB_API_KEY) or "offline"
+    (writes DIR/wandb/offline-run-*/, upload later with `wandb sync`).
+  entity: the W&B team or user ("" = your default entity).
+  run_name: the run's display name ("" = the workdir's name).
+  config: the run config logged with the run (a plain dict).
+  """
+  project: str
+  mode: str = "online"
+  entity: str = ""
+  run_name: str = ""
+  config: Optional[dict] = None
+
+  def __post_init__(self):
+    if not self.project:
+      raise ValueError("WandbSettings needs a project (config log.wandb_project)")
+    if self.mode not in WANDB_MODES:
+      raise ValueError(f"log.wandb_mode={self.mode!r}: expected one of {WANDB_MODES} (offline "
+                       "writes DIR/wandb for a later `wandb sync`)")
+
+
+def wandb_config_errors(config) -> list[str]:
+  """Problems of a run config's log.wandb_* keys (for the fail-fast check before a build)."""
+  log = config.log
+  if not log.wandb_project:
+    return []
+  errors = []
+  if log.wandb_mode not in WANDB_MODES:
+    errors.append(f"log.wandb_mode={log.wandb_mode!r}: expected one of {WANDB_MODES}")
+  if importlib.util.find_spec("wandb") is None:
+    errors.append(f"log.wandb_project={log.wandb_project!r} needs the wandb package: pip install "
+                  "'jaxreplay[wandb]', or set log.wandb_project='' (JSONL and TensorBoard only)")
+  return errors
+
+
+def wandb_settings(config) -> Optional[WandbSettings]:
+  """The W&B settings of a run config (its `log` section), or None when log.wandb_project is ""."""
+  log = config.log
+  if not log.wandb_project:
+    return None
+  to_dict = getattr(config, "to_dict", None)
+  return WandbSettings(project=log.wandb_project, mode=log.wandb_mode, entity=log.wandb_entity,
+                       run_name=log.wandb_run_name, config=to_dict() if to_dict else None)
+
+
+class WandbLogger:
+  """One W&B run for a workdir: `log(row)` sends a metrics row, `close()` finishes the run.
+
+  wandb is imported here, only when a run asks for it. Rows are logged with their "step" as the x
+  axis of every chart (`define_metric("*", step_metric="step")`), so a resumed run that logs steps
+  again is accepted (W&B drops rows whose own step goes back). The run id is kept in
+  `workdir/wandb_run_id`: with resume=True the run continues, otherwise a fresh run replaces it.
+  """
+
+  def __init__(self, settings: WandbSettings, workdir: str, resume: bool = False):
+    try:
+      import wandb  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(f"log.wandb_project={settings.project!r} needs the wandb package: pip "
+                        "install 'jaxreplay[wandb]' (or set log.wandb_project='' to log to "
+                        "metrics.jsonl and TensorBoard only)") from e
+    id_path = os.path.join(workdir, WANDB_RUN_ID_FILE)
+    run_id = None
+    if resume and os.path.isfile(id_path):
+      with open(id_path, encoding="utf-8") as f:
+        run_id = f.read().strip() or None
+    self._run = wandb.init(
+        project=settings.project, entity=settings.entity or None, mode=settings.mode,
+        name=settings.run_name or os.path.basename(os.path.abspath(workdir)), dir=workdir,
+        config=settings.config, id=run_id, resume="allow" if run_id else None)
+    self.run_id = self._run.id
+    with open(id_path, "w", encoding="utf-8") as f:
+      f.write(self.run_id + "\n")
+    self._run.define_metric("step")
+    self._run.define_metric("*", step_metric="step")
+
+  def log(self, row: Mapping[str, Any]) -> None:
+    """Logs the finite numbers of `row` (which holds "step")."""
+    self._run.log(_scalars(row))
+
+  def close(self) -> None:
+    if self._run is not None:
+      self._run.finish()
+      self._run = None
+
+
 class MetricsWriter:
-  """Appends one row per `write(step, metrics)` to `workdir/metrics.jsonl` (flushed each time) and
-  scalars to TensorBoard under `workdir/tb`.
+  """Appends one row per `write(step, metrics)` to `workdir/metrics.jsonl` (flushed each time),
+  scalars to TensorBoard under `workdir/tb` and, when asked, to a W&B run.
 
   Args:
     workdir: the run directory (created if missing).
     resume_step: when resuming from a checkpoint at this step, rows with step > resume_step are
       dropped first (`truncate_after`) and TensorBoard purges later events.
     tensorboard: write TensorBoard events too.
+    enabled: False on non-primary trainer processes (rows are formed, nothing is written).
+    wandb: log to Weights & Biases too (`wandb_settings(config)`); None: not (wandb not imported).
   """
 
   def __init__(self, workdir: str, resume_step: Optional[int] = None, tensorboard: bool = True,
-               enabled: bool = True):
+               enabled: bool = True, wandb: Optional[WandbSettings] = None):
     self.workdir = workdir
     self.path = os.path.join(workdir, METRICS_FILE)
     self.enabled = enabled
     self._file = None
     self._tb = None
+    self._wandb = None
     if not enabled:  # a non-primary trainer process: rows are formed but not written
       return
     os.makedirs(workdir, exist_ok=True)
@@ -106,6 +214,8 @@ class MetricsWriter:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       purge = None if resume_step is None else resume_step + 1
       self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
+    if wandb is not None:
+      self._wandb = WandbLogger(wandb, workdir, resume=resume_step is not None)
 
   def truncate_after(self, step: int) -> int:
     """Drops rows with step > `step` (and malformed lines) from metrics.jsonl, atomically.
@@ -139,10 +249,11 @@ class MetricsWriter:
     self._file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
     self._file.flush()
     if self._tb is not None:
-      for k, v in row.items():
-        if (k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v)):
+      for k, v in _scalars(row).items():
+        if k != "step":
           self._tb.add_scalar(tensorboard_name(k), v, global_step=row["step"])
+    if self._wandb is not None:
+      self._wandb.log(row)
     return row
 
   def flush(self) -> None:
@@ -158,6 +269,9 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
 
   def __enter__(self) -> "MetricsWriter":
     return self

@@ -116,10 +116,13 @@ class Pipeline:
     rollouts = p.buffer.sample(c.buffer.batch_size, current_version=self.step)
     t1 = time.perf_counter()
     batch = collate_lib.collate(rollouts, buckets=p.buckets, pad_id=p.codec.pad_id,
-                                batch_size=c.buffer.batch_size)
+                                batch_size=c.buffer.batch_size, pack=c.trainer.pack,
+                                row_multiple=sharding.batch_size_multiple(p.mesh) *
+                                c.trainer.num_microbatches,
+                                same_bucket=c.trainer.aggregation == "constant")
     t2 = time.perf_counter()
     if c.scheduler.kind == "async" and p.metrics.mismatch.due(self.step):
-      fresh = batch.policy_version == self.step
+      fresh = batch.policy_version == self.step  # [B], or [B, T] when packed
       if fresh.any():
         p.metrics.mismatch.check_batch(self.state.params, batch, fresh)
     if jax.process_count() > 1:  # lockstep host pipelines: cheap check that they still agree

@@ -93,9 +93,10 @@ class MismatchProbe:
     self.check_batch(params, batch, np.ones(batch.tokens.shape[0], bool))
 
   def check_batch(self, params, batch, rows: np.ndarray) -> None:
-    """Compares on the rows of `batch` selected by `rows` (bool [B])."""
+    """Compares on the rows of `batch` selected by `rows` (bool [B]; or [B, T], the tokens, for a
+    packed batch)."""
     trainer_lp = np.asarray(sharding.host_local(self.logprob_fn(params, batch)))
-    mask = (batch.completion_mask > 0) & rows[:, None]
+    mask = (batch.completion_mask > 0) & (rows if rows.ndim == 2 else rows[:, None])
     if not mask.any():
       return
     diff = np.abs(trainer_lp - batch.behaviour_logprobs)[mask]

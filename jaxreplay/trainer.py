@@ -14,6 +14,12 @@ batch (up to float32 summation order), for every aggregation of `jaxreplay.losse
 Aux statistics combine by the kind `losses.AUX_KINDS` declares for each (sum, max, weighted by
 tokens, by rows, or like the loss); a statistic without a declared kind is an error, with any k.
 
+Packed batches (`Batch.packed`, `collate(..., pack=True)`): "rows" above are rollouts, i.e. (row,
+segment) pairs, and the default "constant" normaliser is (rollouts in the batch) * T, which equals
+the unpacked B * T whenever the unpacked batch has no all-padding row (as in every run's step) and
+the packed T is the unpacked one (`collate(..., same_bucket=True)`, what the pipeline asks for
+under "constant").
+
 The KL option keeps frozen reference params in `TrainState.ref_params` (no optimizer state for them);
 reference log-probs are computed inside the step, without gradients.
 """
@@ -236,9 +242,12 @@ def _split_microbatches(batch: Batch, k: int, mesh: Mesh) -> Batch:
   return jax.tree.map(split, batch)
 
 
-def _counts(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(valid tokens, rows with >= 1 valid token) of a [B, T] mask, float32."""
-  m = (mask > 0).astype(jnp.float32)
+def _counts(batch: Batch) -> tuple[jax.Array, jax.Array]:
+  """(valid tokens, sequences with >= 1 valid token) of a batch's completion mask, float32; a
+  sequence is a row, or in a packed batch a (row, segment) pair."""
+  m = (batch.completion_mask > 0).astype(jnp.float32)
+  if batch.packed:
+    return jnp.sum(m), losses.num_sequences(m, batch.segment_ids)
   return jnp.sum(m), jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32))
 
 
@@ -338,9 +347,11 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
       raise ValueError("loss_fn has kl_coef != 0 but the state has no ref_params; create it with "
                        "init_train_state(..., with_ref_params=True)")
     lfn = loss_fn
+    n_tok, n_rows = _counts(batch)
     if aggregation == "constant" and loss_fn.normalizer is None:
-      lfn = dataclasses.replace(loss_fn, normalizer=float(b * t))  # the whole batch's B * T
-    n_tok, n_rows = _counts(batch.completion_mask)
+      # The whole batch's B * T; packed: (rollouts) * T, what the same rollouts unpacked give.
+      lfn = dataclasses.replace(
+          loss_fn, normalizer=jnp.maximum(n_rows, 1.0) * t if batch.packed else float(b * t))
 
     if k == 1:
       loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn)
@@ -353,7 +364,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
           jnp.zeros(p.shape, jnp.float32), s), state.params, param_sh)
 
       def body(acc, mb):
-        tok, rows = _counts(mb.completion_mask)
+        tok, rows = _counts(mb)
         tok_w = tok / jnp.maximum(n_tok, 1.0)
         row_w = rows / jnp.maximum(n_rows, 1.0)
         loss_w = {"token_mean": tok_w, "sequence_mean": row_w, "constant": 1.0}[aggregation]

@@ -139,3 +139,101 @@ def test_collates_a_buffer_sample():
                               np.array([r.policy_version for r in sampled], np.int32))
   chex.assert_trees_all_equal(got.behaviour_logprobs[:6, 4:11],
                               np.stack([r.logprobs for r in sampled]))
+
+
+# ---- packing -------------------------------------------------------------------------------------
+
+def test_pack_rows_first_fit_decreasing_by_hand():
+  # Longest first: 6 -> row 0 (room 2), 5 -> row 1 (3), 4 -> row 2 (4), 3 -> row 1 (0), 2 -> row 0.
+  chex.assert_trees_all_equal(collate.pack_rows([5, 3, 4, 2, 6], 8), np.array([1, 1, 2, 0, 0]))
+  chex.assert_trees_all_equal(collate.pack_rows([8, 8], 8), np.array([0, 1]))
+  with pytest.raises(ValueError, match=r"lengths must lie in \[1, 8\]"):
+    collate.pack_rows([9], 8)
+
+
+def test_packed_row_count():
+  assert collate.packed_row_count(9, cap=64) == 16        # quantum 64 / 8 = 8
+  assert collate.packed_row_count(64, cap=64) == 64
+  assert collate.packed_row_count(1, cap=64) == 8
+  assert collate.packed_row_count(57, cap=60, row_multiple=4) == 60  # quantum 8, capped at 60
+  assert collate.packed_row_count(3, cap=8, row_multiple=2) == 4     # quantum 2
+  sizes = {collate.packed_row_count(k, cap=64, row_multiple=4) for k in range(1, 65)}
+  assert len(sizes) <= collate.ROW_SIZES_PER_BUCKET and all(s % 4 == 0 for s in sizes)
+  with pytest.raises(ValueError, match="multiple of data \\* fsdp \\* num_microbatches"):
+    collate.packed_row_count(3, cap=10, row_multiple=4)
+
+
+def _random_rollouts(n, seed, max_prompt=12, max_completion=40):
+  """n rollouts of 2..50 tokens; rollout i has policy_version i (to find it in a packed batch)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    lp, lc = int(rng.integers(1, max_prompt)), int(rng.integers(1, max_completion))
+    out.append(rollout(rng.integers(1, 90, lp), rng.integers(1, 90, lc), -rng.random(lc),
+                       reward=float(i % 3), advantage=float(rng.normal()), version=i))
+  return out
+
+
+@pytest.mark.parametrize("seed,batch_size,row_multiple", [(0, 16, 1), (1, 24, 4), (2, 7, 1)])
+def test_packed_segments_equal_the_unpacked_rows(seed, batch_size, row_multiple):
+  """Every rollout of the packed batch, read back from its (row, segment), equals its row of the
+  unpacked batch (itself checked against the token-by-token reference above)."""
+  rs = _random_rollouts(batch_size - 2, seed)
+  unpacked = collate.collate(rs, buckets=(32, 64), pad_id=3, batch_size=batch_size)
+  packed = collate.collate(rs, buckets=(32, 64), pad_id=3, batch_size=batch_size, pack=True,
+                           row_multiple=row_multiple)
+  rows, seq_len = packed.tokens.shape
+  assert seq_len == unpacked.tokens.shape[1] and packed.packed
+  assert rows % row_multiple == 0 and rows <= batch_size
+  chex.assert_shape([packed.advantages, packed.rewards, packed.policy_version], (rows, seq_len))
+  seen = np.zeros((rows, seq_len), bool)
+  for i, r in enumerate(rs):
+    where = np.argwhere((packed.policy_version == i) & (packed.segment_ids > 0))
+    row = int(where[0, 0])
+    cols = where[:, 1]
+    seg = packed.segment_ids[row, cols[0]]
+    assert np.all(where[:, 0] == row) and np.all(np.diff(cols) == 1), "one contiguous segment"
+    assert np.all(packed.segment_ids[row, cols] == seg)
+    assert cols.size == r.length
+    seen[row, cols] = True
+    for field in ("tokens", "positions", "targets", "completion_mask", "behaviour_logprobs"):
+      got = getattr(packed, field)[row, cols]
+      want = getattr(unpacked, field)[i, :r.length]
+      chex.assert_trees_all_equal(got, want)  # the last token's target is padding in both
+    for field, value in (("advantages", r.advantage), ("rewards", r.reward),
+                         ("policy_version", r.policy_version)):
+      np.testing.assert_array_equal(getattr(packed, field)[row, cols],
+                                    np.float32(value) if field != "policy_version" else value)
+  # Segment ids count 1, 2, ... within each row; everything outside the rollouts is padding.
+  for row in range(rows):
+    ids = packed.segment_ids[row][packed.segment_ids[row] > 0]
+    if ids.size:
+      assert np.array_equal(np.unique(ids), np.arange(1, ids.max() + 1))
+  for name, field in packed._asdict().items():
+    if name not in ("tokens", "targets"):
+      assert not np.any(field[~seen]), f"{name}: padding must be zero"
+  assert np.all(packed.tokens[~seen] == 3) and np.all(packed.targets[~seen] == 3)
+  assert collate.padding_fraction(packed) < collate.padding_fraction(unpacked)
+
+
+def test_pack_is_the_default_off_and_errors():
+  rs = _random_rollouts(4, 0)
+  assert not collate.collate(rs, buckets=(64,)).packed
+  with pytest.raises(ValueError, match="make buffer.batch_size a multiple"):
+    collate.collate(rs, buckets=(64,), batch_size=6, pack=True, row_multiple=4)
+  # batch_size None: rows rounded up to row_multiple, at most the rollouts' count rounded so.
+  got = collate.collate(rs, buckets=(64,), pack=True, row_multiple=4)
+  assert got.tokens.shape[0] == 4
+
+
+def test_packing_picks_the_bucket_with_fewest_slots_unless_told_to_keep_it():
+  # 64 rollouts of 9..11 tokens: rows of 16 hold one each, rows of 32 hold 2-3.
+  rs = [rollout([1] * 4, [2] * (5 + i % 3), [0.0] * (5 + i % 3)) for i in range(64)]
+  unpacked = collate.collate(rs, buckets=(16, 32), batch_size=64)
+  packed = collate.collate(rs, buckets=(16, 32), batch_size=64, pack=True)
+  kept = collate.collate(rs, buckets=(16, 32), batch_size=64, pack=True, same_bucket=True)
+  assert unpacked.tokens.shape == (64, 16) and kept.tokens.shape[1] == 16
+  assert packed.tokens.shape[1] == 32 and packed.tokens.size < unpacked.tokens.size
+  assert collate.padding_fraction(packed) < collate.padding_fraction(unpacked)
+  for b in (packed, kept):
+    assert b.completion_mask.sum() == unpacked.completion_mask.sum()

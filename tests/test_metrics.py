@@ -147,3 +147,121 @@ def test_tensorboard_skips_nonfinite_and_sanitises_names(tmp_path):
   assert scalars["reward_mean"] == [(2, 0.25)] and scalars["loss"] == [(2, 1.0)]
   assert scalars["eval/pass_1"] == [(1, 0.5), (2, 0.75)]
   assert metrics.tensorboard_name("a b/c@1:x") == "a_b/c_1_x"
+
+
+# ---- Weights & Biases ----------------------------------------------------------------------------
+
+def read_wandb_records(run_file):
+  """The protobuf records of an offline run's `run-*.wandb` file: a 7-byte header (":W&B", magic,
+  version), then LevelDB-log records (crc u32, length u16, type u8: 1 full, 2 first, 3 middle,
+  4 last) in 32 KiB blocks, each payload a `wandb_internal_pb2.Record`."""
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
+  data = open(run_file, "rb").read()
+  assert data[:4] == b":W&B", f"{run_file} is not a W&B transaction log"
+  block, pos, records, buf = 32768, 7, [], b""
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's tail too short for a header is zero filler
+      pos += block - pos % block
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    if pos + 7 + length > len(data):  # a record still being written
+      break
+    chunk = data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind == 0:
+      continue
+    buf = chunk if kind in (1, 2) else buf + chunk
+    if kind in (1, 4):
+      records.append(wandb_internal_pb2.Record.FromString(buf))
+  return records
+
+
+def _wandb_history(run_file, timeout_s=60.0):
+  """(history rows without wandb's "_" keys, the run record) of a finished offline run. wandb's
+  service may still be writing the file when `finish()` returns: wait for its exit record."""
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + timeout_s
+  records = read_wandb_records(run_file)
+  while not any(r.WhichOneof("record_type") == "exit" for r in records):
+    assert time.monotonic() < deadline, f"{run_file} has no exit record after {timeout_s} s"
+    time.sleep(0.5)
+    records = read_wandb_records(run_file)
+  rows, run = [], None
+  for r in records:
+    kind = r.WhichOneof("record_type")
+    if kind == "history":
+      row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+      rows.append({k: v for k, v in row.items() if not k.startswith("_")})
+    elif kind == "run":
+      run = r.run
+  return rows, run
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+  from conftest import require  # pylint: disable=g-import-not-at-top
+  require("wandb")
+  for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+    monkeypatch.setenv(var, str(tmp_path / "wandb_home"))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.delenv("WANDB_MODE", raising=False)
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  return tmp_path / "run"
+
+
+def test_wandb_offline_run_gets_the_rows_and_config(wandb_offline):
+  workdir = str(wandb_offline)
+  config = {"trainer": {"learning_rate": 1e-4, "buckets": [16, 32]}, "seed": 3}
+  settings = metrics.WandbSettings(project="jaxreplay-test", mode="offline", run_name="tiny-run",
+                                   config=config)
+  with metrics.MetricsWriter(workdir, wandb=settings) as w:
+    written = [w.write(0, {"loss": 0.5, "eval/pass@1": 0.25, "name": "x", "bad": float("nan")}),
+               w.write(1, {"loss": np.float32(0.25), "count": np.int32(3)}),
+               w.write(2, {"loss": 0.125, "eval/pass@1": 0.5})]
+  run_files = glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))
+  assert len(run_files) == 1
+  history, run = _wandb_history(run_files[0])
+  # Exactly the finite numbers of each JSONL row, "step" included; the JSONL keeps its keys.
+  assert history == [{k: v for k, v in row.items() if k not in ("name", "bad")} for row in written]
+  assert [json.loads(line)["step"] for line in open(os.path.join(workdir, "metrics.jsonl"))] == [
+      0, 1, 2]
+  assert run.project == "jaxreplay-test" and run.display_name == "tiny-run"
+  logged = {i.key: json.loads(i.value_json) for i in run.config.update}
+  assert logged["trainer"] == config["trainer"] and logged["seed"] == 3
+  run_id = open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip()
+  assert run.run_id == run_id and run_files[0].endswith(f"run-{run_id}.wandb")
+
+  # A resumed writer continues the same W&B run; a fresh one starts another.
+  with metrics.MetricsWriter(workdir, resume_step=1, wandb=settings) as w:
+    w.write(2, {"loss": 0.0625})
+  assert open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip() == run_id
+  with metrics.MetricsWriter(workdir, wandb=settings) as w:
+    w.write(0, {"loss": 1.0})
+  assert open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip() != run_id
+
+
+def test_wandb_settings_from_config_and_errors():
+  from jaxreplay import config_defaults  # pylint: disable=g-import-not-at-top
+  c = config_defaults.base_config()
+  assert metrics.wandb_settings(c) is None and metrics.wandb_config_errors(c) == []
+  c.log.wandb_project, c.log.wandb_mode, c.log.wandb_run_name = "p", "offline", "r"
+  s = metrics.wandb_settings(c)
+  assert (s.project, s.mode, s.run_name, s.entity) == ("p", "offline", "r", "")
+  assert s.config["trainer"]["loss"] == c.trainer.loss
+  c.log.wandb_mode = "cloud"
+  assert any("log.wandb_mode='cloud'" in e for e in metrics.wandb_config_errors(c))
+  with pytest.raises(ValueError, match="log.wandb_mode"):
+    metrics.wandb_settings(c)
+
+
+def test_default_writer_never_imports_wandb(tmp_path):
+  """With W&B off (the default) nothing imports wandb: no import cost, no warnings from it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import sys; from jaxreplay import build, config_defaults, metrics; "
+          f"w = metrics.MetricsWriter({str(tmp_path)!r}, "
+          "wandb=metrics.wandb_settings(config_defaults.base_config())); "
+          "w.write(0, {'loss': 1.0}); w.close(); assert 'wandb' not in sys.modules, 'imported'")
+  env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+  subprocess.run([sys.executable, "-W", "error::DeprecationWarning:jaxreplay", "-c", code],
+                 check=True, env=env, timeout=300)

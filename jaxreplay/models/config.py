@@ -21,6 +21,9 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
 }
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The attention kernels of `transformer.attention` (config key model.attention): "auto" is cuDNN
+# flash attention on GPU in 16-bit compute, else XLA's; "einsum" is the reference implementation.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,7 @@ class ModelConfig:
   `head_dim` is independent of hidden_size / num_attention_heads (Qwen3-0.6B: 1024 / 16 != 128).
   `rope_scaling` is None or a sorted tuple of (key, value) pairs, e.g. llama3's factors.
   `dtype` is the compute dtype, `param_dtype` the storage dtype of parameters.
+  `attention` picks the attention kernel (one of ATTENTION_IMPLEMENTATIONS; not part of config.json).
   """
   model_type: str = "qwen3"
   vocab_size: int = 151936
@@ -52,6 +56,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  attention: str = "auto"
 
   def __post_init__(self):
     if self.model_type not in ARCHITECTURES:
@@ -62,6 +67,12 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"attention={self.attention!r} (config model.attention): expected one of "
+                       f"{ATTENTION_IMPLEMENTATIONS}")
+    if self.attention == "cudnn" and self.dtype == "float32":
+      raise ValueError("attention='cudnn' needs 16-bit compute (cuDNN flash attention has no float32 "
+                       "kernel): set model.dtype='bfloat16', or model.attention='auto' / 'xla'")
 
   @property
   def compute_dtype(self):

@@ -72,7 +72,7 @@ def prefill(cfg: ModelConfig, params: dict, tokens: jax.Array, lengths: jax.Arra
   dtype = cache.k.dtype
 
   def attend(q, k, v):
-    out = transformer.dot_product_attention(q, k, v, mask)
+    out = transformer.attention(q, k, v, mask, cfg.attention, causal=True)
     return out, (k.astype(dtype), v.astype(dtype))
 
   def layer(x, lp_):
@@ -117,7 +117,9 @@ def decode_step(cfg: ModelConfig, params: dict, tokens: jax.Array,
     def attend(q, k, v):
       kc = k_cache.at[i, rows, pos].set(k[:, 0].astype(k_cache.dtype))
       vc = v_cache.at[i, rows, pos].set(v[:, 0].astype(v_cache.dtype))
-      out = transformer.dot_product_attention(q, kc[i].astype(q.dtype), vc[i].astype(q.dtype), mask)
+      # One query per row: nothing for flash attention to tile, so cuDNN is never asked here.
+      impl = "einsum" if cfg.attention == "einsum" else "xla"
+      out = transformer.attention(q, kc[i].astype(q.dtype), vc[i].astype(q.dtype), mask, impl)
       return out, (kc, vc)
 
     x, (k_cache, v_cache) = transformer.block(cfg, layout.unpad_layer(cfg, lp_), x, pos[:, None],

@@ -8,18 +8,21 @@ Numerics follow transformers: RMSNorm normalises in float32 and multiplies by `w
 RoPE is the split-half (rotate_half) layout with transformers' inv_freq (default or llama3 scaling);
 Qwen3 applies q_norm / k_norm per head before RoPE; Qwen2 has q/k/v biases; the MLP is SwiGLU.
 Matmuls run in `cfg.compute_dtype` with float32 accumulation; attention softmax and logits are float32.
+Attention runs the kernel `cfg.attention` names (`attention`: jax.nn.dot_product_attention, XLA or
+cuDNN flash attention; `einsum_attention` is the reference), masked by segment ids (packed rows).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, Optional
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay.models import layout
-from jaxreplay.models.config import ModelConfig
+from jaxreplay.models.config import ATTENTION_IMPLEMENTATIONS, ModelConfig
 
 # Masked attention scores get this finite value (not -inf), so a fully masked row (padding) yields a
 # uniform softmax instead of NaN.
@@ -123,11 +126,13 @@ def attention_mask(segment_ids: jax.Array) -> jax.Array:
   return causal[None] & same & (segment_ids[:, None, :] != 0)
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """Grouped-query attention.
+def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query attention written out with einsums: the reference of `attention`.
 
   q [B, T, Hq, hd], k/v [B, S, Hkv, hd], mask bool [B, T, S] -> [B, T, Hq, hd] in q.dtype.
-  Scores and softmax are float32; masked scores are MASK_VALUE so fully masked rows stay finite.
+  Scores and softmax are float32 and materialised whole ([B, Hkv, Hq/Hkv, T, S] float32: 2.4 GB per
+  row and layer for Qwen3-8B at 4.6k tokens); masked scores are MASK_VALUE so fully masked rows
+  (padding) stay finite.
   """
   b, t, hq, hd = q.shape
   hkv = k.shape[2]
@@ -138,6 +143,61 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
   return out.reshape(b, t, hq, hd).astype(q.dtype)
+
+
+# The einsum is the reference; callers of the old name get it.
+dot_product_attention = einsum_attention
+
+
+def resolve_attention(implementation: str, dtype: Any) -> str:
+  """The kernel that `implementation` ("auto" | "xla" | "cudnn" | "einsum") means here.
+
+  "auto" is "cudnn" (flash attention) on a GPU backend with a 16-bit compute dtype, else "xla".
+  """
+  if implementation not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation {implementation!r}: expected one of "
+                     f"{ATTENTION_IMPLEMENTATIONS} (config key model.attention)")
+  if implementation != "auto":
+    return implementation
+  if jax.default_backend() == "gpu" and jnp.dtype(dtype).itemsize == 2:
+    return "cudnn"
+  return "xla"
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+              implementation: str = "auto", causal: bool = False) -> jax.Array:
+  """Grouped-query attention with `jax.nn.dot_product_attention` (or the einsum reference).
+
+  q [B, T, Hq, hd], k/v [B, S, Hkv, hd] (one dtype), mask bool [B, T, S] (True: query t sees key s;
+  any segment / padding / causal pattern) -> [B, T, Hq, hd] in q.dtype.
+
+  implementation: "xla" (jax's XLA attention: softmax in float32; it still materialises the
+    [B, Hkv, G, T, S] float32 scores), "cudnn" (cuDNN flash attention, GPU only, bf16/f16: the
+    scores never exist whole; the mask becomes a [B, 1, T, S] additive bias in the compute dtype),
+    "einsum" (`einsum_attention`), or "auto" (`resolve_attention`; when cuDNN rejects the shapes or
+    dtypes at trace time, "auto" falls back to "xla" with a warning, an explicit "cudnn" raises).
+  causal: the mask is also causal with queries and keys aligned (T == S, training / prefill); lets
+    cuDNN skip the upper triangle. The mask must already contain the causal pattern.
+
+  Rows whose mask is all False (padding) give finite outputs (the output there is unspecified:
+  callers mask those positions out).
+  """
+  impl = resolve_attention(implementation, q.dtype)
+  if impl == "einsum":
+    return einsum_attention(q, k, v, mask)
+  mask4 = mask[:, None]  # [B, 1, T, S], broadcast over heads
+  if impl == "xla":
+    return jax.nn.dot_product_attention(q, k, v, mask=mask4, implementation="xla")
+  try:
+    return jax.nn.dot_product_attention(q, k, v, mask=mask4, is_causal=causal,
+                                        implementation="cudnn")
+  except (ValueError, NotImplementedError, RuntimeError) as e:
+    if implementation != "auto":
+      raise ValueError(f"cuDNN attention rejected q {q.shape} {q.dtype}, k {k.shape}: {e}; set "
+                       "model.attention='xla' (or 'auto', which falls back to it)") from e
+    logging.warning("cuDNN attention rejected q %s %s, k %s (%s); using XLA attention",
+                    q.shape, q.dtype, k.shape, e)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask4, implementation="xla")
 
 
 def project_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, positions: jax.Array):
@@ -220,7 +280,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
   positions, segment_ids = _defaults(tokens, positions, segment_ids)
   params = layout.unpad(cfg, params, layers=False)
   mask = attention_mask(segment_ids)
-  attend = lambda q, k, v: (dot_product_attention(q, k, v, mask), None)
+  attend = lambda q, k, v: (attention(q, k, v, mask, cfg.attention, causal=True), None)
 
   def layer(x, lp):
     return block(cfg, layout.unpad_layer(cfg, lp), x, positions, attend)
