@@ -483,3 +483,27 @@ def test_error_state_dict_and_params(tmp_path):
   assert os.listdir(tmp_path) == []  # failed saves write nothing
   with pytest.raises(ValueError, match="attention_bias=True with model_type='llama'"):
     hf_io.to_hf_state_dict(CFGS["llama3"].replace(attention_bias=True), {})
+
+
+def test_save_hf_keeps_every_eos_id_of_the_source_generation_config(tmp_path):
+  """An export of a Llama-3.2-Instruct-like run keeps the source's three eos ids (not just one)."""
+  transformers = require("transformers")
+  tokenizers = require("tokenizers")
+  cfg = CFGS["qwen3_tied"]
+  src = tmp_path / "src"
+  src.mkdir()
+  word_level = tokenizers.models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(word_level),
+                                              unk_token="<unk>", eos_token="<unk>")
+  fast.save_pretrained(str(src))
+  gen = {"bos_token_id": 1, "eos_token_id": [7, 8, 9], "temperature": 0.6, "do_sample": True}
+  (src / "generation_config.json").write_text(json.dumps(gen))
+  hf_io.save_hf(cfg, _params(cfg), str(tmp_path / "m"), tokenizer_dir=str(src))
+  out = json.loads((tmp_path / "m" / "generation_config.json").read_text())
+  assert out["eos_token_id"] == [7, 8, 9] + ([cfg.eos_token_id] if cfg.eos_token_id not in
+                                              (7, 8, 9) and cfg.eos_token_id is not None else [])
+  assert out["temperature"] == 0.6 and out["do_sample"] is True
+  # Without a source file the config's own ids are written, as before.
+  hf_io.save_hf(cfg, _params(cfg), str(tmp_path / "m2"))
+  out2 = json.loads((tmp_path / "m2" / "generation_config.json").read_text())
+  assert out2.get("eos_token_id") == cfg.eos_token_id

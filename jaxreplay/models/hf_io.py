@@ -289,7 +289,8 @@ def save_hf(cfg: ModelConfig, params: Params, out_dir: str, tokenizer_dir: Optio
 
   Files: config.json, generation_config.json, model.safetensors (or model-0000k-of-0000N.safetensors
   shards with model.safetensors.index.json when larger than `max_shard_bytes`), and the tokenizer
-  files of `tokenizer_dir` when given. The directory is written under a temporary name next to
+  files of `tokenizer_dir` when given (and its generation_config.json, which keeps every eos id of
+  the source model, when it has one). The directory is written under a temporary name next to
   `out_dir` and renamed into place (replacing an existing `out_dir`).
 
   Args:
@@ -312,6 +313,17 @@ def save_hf(cfg: ModelConfig, params: Params, out_dir: str, tokenizer_dir: Optio
       json.dump(hf_config, f, indent=2, sort_keys=True)
     gen = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
            if getattr(cfg, k) is not None}
+    source_gen = os.path.join(tokenizer_dir, "generation_config.json") if tokenizer_dir else ""
+    if source_gen and os.path.isfile(source_gen):
+      # The source model's file (every eos id, e.g. Llama-3.2-Instruct's 128001/128008/128009, and
+      # its sampling defaults), with cfg's eos added when it lacks it.
+      with open(source_gen) as f:
+        src = json.load(f)
+      eos = src.get("eos_token_id")
+      eos = [] if eos is None else (list(eos) if isinstance(eos, list) else [eos])
+      if cfg.eos_token_id is not None and cfg.eos_token_id not in eos:
+        eos.append(cfg.eos_token_id)
+      gen = {**gen, **src, **({"eos_token_id": eos if len(eos) > 1 else eos[0]} if eos else {})}
     with open(os.path.join(tmp, "generation_config.json"), "w") as f:
       json.dump(gen, f, indent=2, sort_keys=True)
     safetensors_io.write_model_files(tmp, plan, max_shard_bytes)
