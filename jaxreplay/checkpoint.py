@@ -352,7 +352,9 @@ class Checkpointer:
           if verified:
             e.add_note(f"checkpoint step {step} in {self.directory} passed its sha256 check, so "
                        "its files are as saved: the current train state (model, optimizer, mesh) "
-                       "probably does not match the run that saved it")
+                       "probably does not match the run that saved it (weights a mesh axis does "
+                       "not divide are stored padded, so their shapes depend on the mesh: resume "
+                       "with the same trainer.mesh_shape and number of trainer devices)")
             raise
           reason = f"orbax could not restore it: {_error_line(e)}"
         else:
