@@ -48,8 +48,9 @@ def model_config(c) -> models.ModelConfig:
   return models.presets.PRESETS[c.model.preset](**overrides)
 
 
-def trainer_mesh(c, devices: Optional[list] = None):
-  """The trainer mesh over T = trainer.num_devices devices (the first T of `devices`, default all)."""
+def planned_mesh(c, devices: Optional[list] = None):
+  """The mesh a plan assumes: trainer.mesh_shape over the first T = trainer.num_devices of
+  `devices` (default all), i.e. the GPU node's T trainer GPUs (`build.trainer_mesh` is the run's)."""
   devices = list(jax.devices() if devices is None else devices)
   t = int(c.trainer.num_devices)
   if len(devices) < t:
@@ -125,7 +126,7 @@ def device_memory_bytes(c) -> Optional[int]:
 def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   """The memory plan of config `c` (see the module docstring); a JSON-ready dict."""
   cfg = model_config(c)
-  mesh = trainer_mesh(c, devices)
+  mesh = planned_mesh(c, devices)
   errors = batch_rule_errors(c, mesh)
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))

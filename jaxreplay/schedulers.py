@@ -179,7 +179,22 @@ class LocalWorker:
       self._worker = None
 
 
-class SimulatedScheduler:
+class _LocalJobs:
+  """Jobs (engine evaluation) of a schedule with one in-process `LocalWorker` (`self.worker`)."""
+
+  worker: LocalWorker
+  job_parallelism = 1  # jobs run on the one local worker
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
+    del hooks
+    return self.worker.run_jobs(weights, fns)
+
+  def close(self) -> None:
+    self.worker.close()
+
+
+class SimulatedScheduler(_LocalJobs):
   """Deterministic event schedule of W rollout workers and T trainer devices in virtual time.
 
   Args:
@@ -207,16 +222,6 @@ class SimulatedScheduler:
     self._done_at: list[Optional[float]] = [None] * num_workers
     self._request: list[Any] = [None] * num_workers
     self._restored: Optional[list[Any]] = None
-
-  job_parallelism = 1  # jobs run on the one local worker
-
-  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
-    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
-    del hooks
-    return self.worker.run_jobs(weights, fns)
-
-  def close(self) -> None:
-    self.worker.close()
 
   # -- the in-flight requests, saved with checkpoints (exact resume) --
   def state_dict(self) -> dict[str, Any]:
@@ -319,7 +324,7 @@ class SimulatedScheduler:
       self._deliver_due(hooks)
 
 
-class SyncScheduler:
+class SyncScheduler(_LocalJobs):
   """The synchronous loop of the theory: generate R rollouts, add them, sample B, one step.
 
   Each step first generates `rollouts_per_step` rollouts with the current weights (whole requests,
@@ -344,16 +349,6 @@ class SyncScheduler:
     self.num_workers, self.num_trainer_devices = num_workers, num_trainer_devices
     self.rollouts_per_step = int(rollouts_per_step)
     self.cost, self.train_device_seconds, self.state = cost, train_device_seconds, state
-
-  job_parallelism = 1  # jobs run on the one local worker
-
-  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
-    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
-    del hooks
-    return self.worker.run_jobs(weights, fns)
-
-  def close(self) -> None:
-    self.worker.close()
 
   def run(self, hooks: Hooks) -> None:
     try:
