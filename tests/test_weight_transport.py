@@ -192,8 +192,8 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
   from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
   from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
-  sampling = SamplingParams(max_tokens=16, temperature=0.8, top_k=20)
-  with ShmPublisher(TINY, "float32") as shm, WeightPublisher(root=str(tmp_path)) as files:
+  sampling = SamplingParams(max_tokens=16)  # temperature 1: log-probs comparable with the JAX forward
+  with ShmPublisher(TINY, "float32", keep=2) as shm, WeightPublisher(root=str(tmp_path)) as files:
     engine = VllmEngine(shm.model_dir, weights_pending=True, max_model_len=128, max_num_seqs=32)
     try:
       with pytest.raises(RuntimeError, match="weights_pending"):
@@ -216,13 +216,13 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
       stale = Weights(2, shm_path=shm.history[-2].shm_path)
       shm.publish(params[0], 4).wait(30)
       shm.publish(params[0], 5).wait(30)
-      if shm_weights.read_segment(stale.shm_path)[0] != 2:
-        with pytest.raises(shm_weights.StaleWeights):
-          engine.load_weights(stale)
-        assert engine.policy_version == 3
-        chex.assert_trees_all_close(
-            [c.logprobs for g in _generate_fixed(engine, sampling) for c in g.completions],
-            [c.logprobs for g in by_shm for c in g.completions], atol=1e-6)
+      assert shm_weights.read_segment(stale.shm_path)[0] == 4  # keep=2: v2's slot went to v4
+      with pytest.raises(shm_weights.StaleWeights, match="holds version 4, not 2"):
+        engine.load_weights(stale)
+      assert engine.policy_version == 3
+      chex.assert_trees_all_close(
+          [c.logprobs for g in _generate_fixed(engine, sampling) for c in g.completions],
+          [c.logprobs for g in by_shm for c in g.completions], atol=1e-6)
     finally:
       engine.close()
 

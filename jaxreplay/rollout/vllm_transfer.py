@@ -114,13 +114,21 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     if self.device.type != "cpu":
       torch.accelerator.synchronize()
 
-  def receive_weights(self, update_info: ShmUpdateInfo) -> None:
-    """Maps the segment (held until `finish_weight_update`: layers processed at finalize may still
-    read its views) and loads its tensors in segment (= layer) order."""
-    from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check  # pylint: disable=g-import-not-at-top
+  def open_segment(self, path: str, version: int) -> None:
+    """Maps and locks the segment before a session starts, so that a superseded one
+    (`StaleWeights`) is refused while the model still holds its weights untouched."""
     self._close_reader()
+    self._reader = shm_weights.SegmentReader(path, version)
+
+  def receive_weights(self, update_info: ShmUpdateInfo) -> None:
+    """Maps the segment (unless `open_segment` did; held until `finish_weight_update`: layers
+    processed at finalize may still read its views) and loads its tensors in segment (= layer)
+    order."""
+    from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check  # pylint: disable=g-import-not-at-top
     start = time.perf_counter()
-    self._reader = shm_weights.SegmentReader(update_info.path, update_info.version)
+    reader = self._reader
+    if reader is None or reader.path != update_info.path or reader.version != update_info.version:
+      self.open_segment(update_info.path, update_info.version)
     tensors = ((name, _torch_view(x)) for name, x in self._reader.tensors())
     with disable_mtp_completeness_check():
       self.model.load_weights(tensors)
@@ -179,8 +187,10 @@ class WorkerExtension:
     _reload_worker_weights(self, weights_path)
 
   def jaxreplay_load_shm(self, path: str, version: int) -> dict[str, float]:
-    """transport "shm": one weight-transfer session from the segment at `path`; its phases."""
+    """transport "shm": one weight-transfer session from the segment at `path`; its phases.
+    A superseded segment raises `StaleWeights` before the session starts (weights untouched)."""
     start = time.perf_counter()
+    self.weight_transfer_engine.open_segment(path, int(version))
     self.start_weight_update()
     try:
       self.update_weights({"path": path, "version": int(version)})
