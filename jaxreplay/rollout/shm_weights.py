@@ -195,8 +195,8 @@ class Reservation:
 class SegmentReader:
   """A segment mapped for reading, under a shared lock (the writer cannot reuse it meanwhile).
 
-  Use as a context manager; `tensors()` yields (HF name, numpy view) in segment order. The views
-  are valid until `close()`; they map the file copy-on-write (writable for torch, never written).
+  Use as a context manager; `tensors()` yields (HF name, read-only numpy view) in segment order.
+  The views are valid until `close()`.
 
   Raises StaleWeights when the segment holds another version than `expected_version`.
   """
@@ -211,8 +211,10 @@ class SegmentReader:
     try:
       fcntl.flock(self._fd, fcntl.LOCK_SH)  # waits while a writer rewrites this slot
       size = os.fstat(self._fd).st_size
-      self._mm = mmap.mmap(self._fd, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+      # Shared and read-only: MAP_POPULATE maps every page in one call (a private writable mapping
+      # would copy each page on populate: a second copy of the model).
+      self._mm = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ)
       self.header = parse_header(self._mm)
       self.version = int(self.header["version"])
       if expected_version is not None and self.version != int(expected_version):

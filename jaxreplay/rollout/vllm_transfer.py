@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -50,10 +51,13 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
 
 
 def _torch_view(x) -> torch.Tensor:
-  """A torch tensor sharing `x`'s memory (bfloat16 through its 16-bit pattern)."""
-  if x.dtype == shm_weights.DTYPES["bfloat16"]:
-    return torch.from_numpy(x.view("uint16")).view(torch.bfloat16)
-  return torch.from_numpy(x)
+  """A torch tensor sharing `x`'s memory (bfloat16 through its 16-bit pattern). `x` is a read-only
+  view of the segment: vLLM only copies from it (torch's warning about that is silenced)."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    if x.dtype == shm_weights.DTYPES["bfloat16"]:
+      return torch.from_numpy(x.view("uint16")).view(torch.bfloat16)
+    return torch.from_numpy(x)
 
 
 class _RepackTimer:
