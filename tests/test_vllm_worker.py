@@ -223,7 +223,7 @@ def test_bad_inputs_raise_clear_errors(setup, tmp_path):
     engine.generate([], 1, sampling)
   with pytest.raises(FileNotFoundError, match="config.json"):
     engine.load_weights(Weights(9, hf_dir=str(tmp_path)))
-  with pytest.raises(ValueError, match="hf_dir=None"):
+  with pytest.raises(ValueError, match="has neither"):
     engine.load_weights(Weights(9, params={"w": np.zeros(2)}))
   assert engine.policy_version != 9
 
