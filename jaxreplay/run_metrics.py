@@ -44,6 +44,8 @@ Keys of a row, by source (units in brackets):
                                  rollout.prompts_in_flight prompts), refresh_seconds (workers'
                                  load_weights), deferred_refreshes (calls served at the held
                                  version while the newest weights were still being written),
+                                 superseded_loads (refreshes retried at a newer version: the
+                                 shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
@@ -161,7 +163,8 @@ class RunMetrics:
   # Cumulative counters that continue across a resume (rates and gauges do not).
   CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
                      "pool/restarts", "pool/failed_starts", "pool/dropped", "pool/refreshes",
-                     "pool/refresh_seconds", "pool/deferred_refreshes", "pool/generate_seconds")
+                     "pool/refresh_seconds", "pool/deferred_refreshes", "pool/superseded_loads",
+                     "pool/generate_seconds")
 
   def _cumulative(self) -> dict[str, float]:
     now = {k: float(v) for k, v in self.task.reward_metrics().items()}

@@ -414,8 +414,8 @@ class AsyncScheduler:
       return {}
     m = self.pool.metrics()
     keys = ("requests", "calls", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "refresh_seconds", "deferred_refreshes", "generate_seconds",
-            "tokens_per_second", "live_threads")
+            "refreshes", "refresh_seconds", "deferred_refreshes", "superseded_loads",
+            "generate_seconds", "tokens_per_second", "live_threads")
     return {f"pool/{k}": float(m[k]) for k in keys}
 
   @property

@@ -21,6 +21,7 @@ from jaxreplay import models
 from jaxreplay.models import hf_io
 from jaxreplay.rollout import shm_weights
 from jaxreplay.rollout.base import SamplingParams, Weights
+from jaxreplay.rollout.pool import WorkerPool
 from jaxreplay.rollout.shm_publisher import ShmPublisher
 from jaxreplay.rollout.weight_sync import WeightPublisher, remove_stale_roots
 from tests.conftest import require
@@ -170,6 +171,42 @@ def test_pool_serves_at_the_held_version_until_the_newest_is_written():
     for d in rec.deliveries:
       check_complete(d)
     assert rec.deliveries[-1].policy_version == 1
+    pool.raise_if_failed()
+  finally:
+    pool.stop()
+
+
+def test_pool_retries_a_superseded_load_at_the_newest_version():
+  """A worker asked for version 1 whose slot was reused by 4 (the trainer published `keep` newer
+  versions meanwhile) gets StaleWeights from its engine; it must load the newest, not fail."""
+  from tests.test_pool import FakeWorker, Recorder, check_complete  # pylint: disable=g-import-not-at-top
+  rec, workers, pool_box = Recorder(), {}, []
+
+  class Superseded(FakeWorker):
+    def load_weights(self, weights):
+      if weights.version == 1:
+        pool_box[0].refresh(Weights(4, hf_dir="/weights/v4"))  # published while this one loaded
+        raise shm_weights.StaleWeights("slot of version 1 holds version 4")
+      super().load_weights(weights)
+
+  def make_worker(i):
+    workers.setdefault(i, []).append(Superseded(i))
+    return workers[i][-1]
+  pool = WorkerPool(make_worker, 1, rec.source, rec.sink, on_drop=rec.on_drop,
+                    restart_backoff_s=0.01, idle_sleep_s=0.01)
+  pool_box.append(pool)
+  pool.start()
+  try:
+    pool.wait_ready(10)
+    pool.refresh(Weights(1, hf_dir="/weights/v1"))
+    pool.wait_for_version(4, 10)
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 2)
+    for d in rec.deliveries:
+      check_complete(d)
+    assert workers[0][0].updates == [("/weights/v4", 4)]
+    assert rec.deliveries[-1].policy_version == 4
+    assert pool.metrics()["superseded_loads"] == 1
     pool.raise_if_failed()
   finally:
     pool.stop()

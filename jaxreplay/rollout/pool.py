@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
+from jaxreplay.rollout.shm_weights import StaleWeights
 
 
 class PoolStopped(RuntimeError):
@@ -99,6 +100,7 @@ class _WorkerRunner:
     self.refreshes = 0
     self.refresh_seconds = 0.0  # in load_weights of refreshes (not of a worker's start)
     self.deferred_refreshes = 0  # calls served at the held version while the newest was written
+    self.superseded_loads = 0  # loads refused because newer versions had reused the target's slot
     self.generate_seconds = 0.0
     self.jobs = 0  # jobs run to the end (`WorkerPool.submit`)
     self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
@@ -156,21 +158,30 @@ class _WorkerRunner:
     return True
 
   def _refresh_if_behind(self) -> bool:
-    target = self.pool.target
-    if target is None or self.worker.policy_version == target.version:
+    while True:
+      target = self.pool.target
+      if target is None or self.worker.policy_version == target.version:
+        return True
+      if not target.is_ready():  # still being written: serve this call at the version held
+        self.deferred_refreshes += 1
+        return True
+      start = time.perf_counter()
+      try:
+        self.worker.load_weights(target)
+      except WorkerDied as e:
+        self._replace(e)
+        return False
+      except StaleWeights:
+        # The trainer published `keep` newer versions while this worker was busy, and the slot of
+        # `target` now holds one of them (the engine's weights are untouched): load the newest.
+        newest = self.pool.target
+        if newest is None or newest.version == target.version:
+          raise
+        self.superseded_loads += 1
+        continue
+      self.refresh_seconds += time.perf_counter() - start
+      self.refreshes += 1
       return True
-    if not target.is_ready():  # still being written: serve this call at the version held
-      self.deferred_refreshes += 1
-      return True
-    start = time.perf_counter()
-    try:
-      self.worker.load_weights(target)
-    except WorkerDied as e:
-      self._replace(e)
-      return False
-    self.refresh_seconds += time.perf_counter() - start
-    self.refreshes += 1
-    return True
 
   def _take(self) -> list[PromptBatch]:
     """Up to `pool.requests_per_call` requests that the source has now (none when it has none)."""
@@ -478,7 +489,8 @@ class WorkerPool:
     """Totals and per-worker counters; tokens_per_second is over the pool's wall time."""
     wall = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
     keys = ("requests", "calls", "groups", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "refresh_seconds", "deferred_refreshes", "generate_seconds")
+            "refreshes", "refresh_seconds", "deferred_refreshes", "superseded_loads",
+            "generate_seconds")
     per_worker = [dict({k: getattr(r, k) for k in keys}, index=r.index, version=r.version,
                        alive=r.thread.is_alive()) for r in self._runners]
     totals = {k: sum(w[k] for w in per_worker) for k in keys}
