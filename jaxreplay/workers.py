@@ -20,12 +20,14 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
 from jaxreplay import sharding
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.rollout.shm_weights import StaleWeights
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_TRANSPORTS = ("shm", "file")
@@ -120,6 +122,11 @@ class RolloutBackend:
                                seed=seed, env=env, eos_token_ids=self.stop_ids, **settings)
     try:
       worker.load_weights(weights)
+    except StaleWeights:
+      # Newer versions reused the segment's slot while the engine started (tens of seconds): the
+      # worker holds no weights yet (version -1); the pool loads its newest target next.
+      logging.info("rollout worker %d started after version %d was superseded; it loads the "
+                   "newest next", index, weights.version)
     except BaseException:
       worker.kill()
       raise

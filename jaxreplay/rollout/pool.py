@@ -142,7 +142,7 @@ class _WorkerRunner:
       worker = pool.make_worker(self.index)
       target = pool.target
       if target is not None and worker.policy_version != target.version:
-        worker.load_weights(target)
+        self._load_newest(worker, target)
     except (WorkerDied, TimeoutError):  # A start-up crash or timeout: retry, a bounded number of times.
       if worker is not None:
         _close_quietly(worker)
@@ -158,30 +158,36 @@ class _WorkerRunner:
     return True
 
   def _refresh_if_behind(self) -> bool:
+    target = self.pool.target
+    if target is None or self.worker.policy_version == target.version:
+      return True
+    if not target.is_ready():  # still being written: serve this call at the version held
+      self.deferred_refreshes += 1
+      return True
+    start = time.perf_counter()
+    try:
+      self._load_newest(self.worker, target)
+    except WorkerDied as e:
+      self._replace(e)
+      return False
+    self.refresh_seconds += time.perf_counter() - start
+    self.refreshes += 1
+    return True
+
+  def _load_newest(self, worker: RolloutWorker, target: Weights) -> None:
+    """`worker.load_weights(target)`; when the engine refuses it as superseded (`StaleWeights`:
+    the trainer published `keep` newer versions meanwhile and reused its shared-memory slot; the
+    engine's weights are untouched), loads the pool's newest target instead."""
     while True:
-      target = self.pool.target
-      if target is None or self.worker.policy_version == target.version:
-        return True
-      if not target.is_ready():  # still being written: serve this call at the version held
-        self.deferred_refreshes += 1
-        return True
-      start = time.perf_counter()
       try:
-        self.worker.load_weights(target)
-      except WorkerDied as e:
-        self._replace(e)
-        return False
+        worker.load_weights(target)
+        return
       except StaleWeights:
-        # The trainer published `keep` newer versions while this worker was busy, and the slot of
-        # `target` now holds one of them (the engine's weights are untouched): load the newest.
         newest = self.pool.target
         if newest is None or newest.version == target.version:
           raise
         self.superseded_loads += 1
-        continue
-      self.refresh_seconds += time.perf_counter() - start
-      self.refreshes += 1
-      return True
+        target = newest
 
   def _take(self) -> list[PromptBatch]:
     """Up to `pool.requests_per_call` requests that the source has now (none when it has none)."""
