@@ -148,6 +148,7 @@ def test_segments_of_a_killed_run_are_removed_and_a_normal_exit_leaves_none(tmp_
       assert not os.path.exists(root)
   finally:
     proc.kill()
+    proc.stdout.close()
 
 
 def test_pool_serves_at_the_held_version_until_the_newest_is_written():
