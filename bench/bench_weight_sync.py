@@ -1,13 +1,29 @@
-"""Weight-refresh cost: publish (device -> host + safetensors write) + vLLM reload, vs a memcpy floor.
+"""Weight-refresh cost vs the memcpy floor: trainer params -> a vLLM engine, per phase.
 
-For each model config: start an in-process `VllmEngine`, then repeatedly publish new parameters with
-`WeightPublisher` (to /dev/shm when present) and load them with `VllmEngine.load_weights`. The
-floor is `np.copyto` of the same bytes (host memory bandwidth: what a refresh costs at best without
-a faster interconnect). Also checks that after the refresh vLLM's log-probs are the new params'.
+For each model size (tiny, a ~64M Qwen3, a Qwen3-0.6B-sized one) one in-process `VllmEngine` starts
+from a config-only directory (placeholder weights) and takes `--repeats` refreshes per transport:
 
-  python bench/bench_weight_sync.py [--quick]
+  shm  (rollout.weight_transport="shm", the default): `ShmPublisher.publish` = the trainer's stall
+       (`stall_s`: the device -> host copy), then the background segment write (`write_s`: HF names
+       and layouts into /dev/shm), then the engine's load through vLLM's weight-transfer API
+       (`engine_s`, of which `load_s` = model.load_weights with the per-layer processing,
+       `repack_s` = vLLM's CPU re-packing of the linear weights inside it, `finalize_s`);
+  file (the fallback): `WeightPublisher.publish` (safetensors dir) + vLLM `reload_weights`.
 
-Prints a table and writes bench/results/weight_sync.json.
+`total_s` = stall + write + engine (the refresh's latency when nothing overlaps). The floor is
+`np.copyto` of the published bytes into buffers written before (no page faults), best of several,
+measured in the same run between the refreshes; `total_over_floor` = total / floor, and, since
+vLLM's own re-packing on CPU is a cost of any transport, `total_over_floor_plus_repack` = total /
+(floor + repack). After the refreshes the engine's log-probs are checked against the JAX forward.
+`--tiny_default_steps N` also runs the tiny default (`configs/tiny.py`, vLLM, shm) for N steps and
+reports its trainer stall per refresh against its train step (time/publish_s vs time/step_s).
+
+  python bench/bench_weight_sync.py --out bench/results [--quick]
+
+Each transport first takes a few unmeasured refreshes (every slot written once: a run's steady
+state), then `--repeats` measured ones; the table shows the best of those.
+
+Prints a table and writes OUT/weight_sync.json (OUT may also name the .json file).
 """
 from __future__ import annotations
 
@@ -15,7 +31,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,35 +43,44 @@ import numpy as np  # noqa: E402
 
 from jaxreplay import models  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
+from jaxreplay.rollout.shm_publisher import ShmPublisher  # noqa: E402
 from jaxreplay.rollout.vllm_worker import VllmEngine  # noqa: E402
 from jaxreplay.rollout.weight_sync import WeightPublisher  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "weight_sync.json")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "results")
 
 
-def configs():
-  """The tiny test model and a ~64M-parameter Qwen3 (vLLM's CPU attention needs head_dim >= 32)."""
-  return {
+def configs(quick: bool):
+  """tiny, ~64M and Qwen3-0.6B-sized (vLLM's CPU attention needs head_dim >= 32)."""
+  out = {
       "tiny": models.presets.tiny(),
       "qwen3_64m": models.ModelConfig(
           model_type="qwen3", vocab_size=32768, hidden_size=512, intermediate_size=2048,
           num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
           rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True, qk_norm=True,
           max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+      "qwen3_0.6b": models.presets.qwen3_0_6b(max_position_embeddings=512),
   }
+  if quick:
+    out.pop("qwen3_0.6b")
+  return out
 
 
-def memcpy_floor(params, repeats: int) -> float:
-  """Best-of-`repeats` seconds of np.copyto over host copies of every leaf (same bytes)."""
-  src = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(params))]
-  dst = [np.empty_like(x) for x in src]
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for d, s in zip(dst, src):
-      np.copyto(d, s)
-    best = min(best, time.perf_counter() - start)
-  return best
+class Floor:
+  """Best seconds of np.copyto of `nbytes` between two pre-touched buffers (host bandwidth)."""
+
+  def __init__(self, nbytes: int):
+    self.src = np.ones(nbytes // 4, np.float32)
+    self.dst = np.zeros_like(self.src)
+    self.best = float("inf")
+
+  def measure(self, repeats: int = 3) -> float:
+    for _ in range(repeats):
+      start = time.perf_counter()
+      np.copyto(self.dst, self.src)
+      self.best = min(self.best, time.perf_counter() - start)
+    return self.best
 
 
 def logprob_gap(cfg, params, engine) -> float:
@@ -69,78 +96,154 @@ def logprob_gap(cfg, params, engine) -> float:
   return gap
 
 
-def throughput(engine, num_prompts: int, n: int, max_tokens: int) -> float:
-  prompts = [np.array([1, 3 + i % 50, 7], np.int32) for i in range(num_prompts)]
-  start = time.perf_counter()
-  groups = engine.generate(prompts, n, SamplingParams(max_tokens=max_tokens))
-  seconds = time.perf_counter() - start
-  return sum(len(c.tokens) for g in groups for c in g.completions) / seconds
+def _best(rows, key):
+  return min(r[key] for r in rows)
 
 
-def bench_config(name, cfg, repeats: int, publisher: WeightPublisher) -> dict:
-  params = [models.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
+def bench_config(name, cfg, repeats: int, transports) -> dict:
+  # Two versions sharing the big tensors (the second has other norms: other log-probs): every
+  # refresh still moves every byte, and host memory holds one model.
+  first = models.init_params(cfg, jax.random.key(0))
+  second = dict(first, norm=first["norm"] * 0.5,
+                layers=dict(first["layers"], input_layernorm=first["layers"]["input_layernorm"] * 1.5))
+  params = [first, second]
   jax.block_until_ready(params)
-  nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params[0]))
-  version = (publisher.latest.version + 1) if publisher.latest else 0
-  hf_dir = publisher.publish(cfg, params[0], version)
-  start = time.perf_counter()
-  engine = VllmEngine(hf_dir, max_model_len=256, max_num_seqs=64, seed=0)
-  startup = time.perf_counter() - start
-  try:
-    tokens_per_s = throughput(engine, 16, 4, 32)
-    rows = []
-    for k in range(repeats):
-      version += 1
-      p = params[(k + 1) % 2]
-      hf_dir = publisher.publish(cfg, p, version)
-      rec = publisher.latest
-      engine.load_weights(Weights(version, hf_dir=hf_dir))
-      rows.append({"transfer_s": rec.transfer_seconds, "write_s": rec.write_seconds,
-                   "reload_s": engine.last_update_seconds,
-                   "total_s": rec.seconds + engine.last_update_seconds})
-    gap = logprob_gap(cfg, params[repeats % 2], engine)
-  finally:
-    engine.close()
-  best = {k: min(r[k] for r in rows) for k in rows[0]}
-  floor = memcpy_floor(params[0], max(3, repeats))
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(params[0]))
-  return {"config": name, "params": int(n_params), "bytes": int(nbytes), "dtype": "float32",
-          "engine_startup_s": startup, "tokens_per_s": tokens_per_s, "repeats": repeats,
-          "best": best, "median_total_s": float(np.median([r["total_s"] for r in rows])),
-          "memcpy_floor_s": floor, "total_over_floor": best["total_s"] / floor,
-          "logprob_max_abs_diff_after_refresh": gap, "runs": rows}
+  result = {"config": name, "params": int(n_params), "dtype": "float32", "repeats": repeats}
+  with ShmPublisher(cfg, "float32", keep=2) as shm, WeightPublisher(keep=1) as files:
+    nbytes = shm._nbytes()  # pylint: disable=protected-access
+    floor = Floor(nbytes)
+    floor.measure()
+    version = 0
+    start = time.perf_counter()
+    engine = VllmEngine(shm.model_dir, weights_pending=True, max_model_len=256, max_num_seqs=32,
+                        seed=0)
+    engine.load_weights(shm.publish(params[0], version))
+    result["engine_startup_s"] = time.perf_counter() - start
+    try:
+      for transport in transports:
+        rows = []
+        # Unmeasured refreshes first: every slot of the ring (and the file path's directories) has
+        # been written once, as in a run's steady state (fresh /dev/shm pages cost ~5x a memcpy).
+        warmup = shm.keep + 1 if transport == "shm" else 1
+        for k in range(warmup + repeats):
+          version += 1
+          p = params[(version) % 2]
+          floor.measure()
+          if transport == "shm":
+            t0 = time.perf_counter()
+            weights = shm.publish(p, version)
+            weights.wait()
+            rec = shm.latest
+            phases = engine.load_weights(weights)
+            total = time.perf_counter() - t0
+            rows.append({"stall_s": rec.stall_s, "write_s": rec.write_s,
+                         "load_s": phases["load_s"], "repack_s": phases["repack_s"],
+                         "finalize_s": phases["finalize_s"], "engine_s": phases["total_s"],
+                         "total_s": total})
+          else:
+            t0 = time.perf_counter()
+            hf_dir = files.publish(cfg, p, version)
+            rec = files.latest
+            engine.load_weights(Weights(version, hf_dir=hf_dir))
+            total = time.perf_counter() - t0
+            rows.append({"stall_s": rec.seconds, "write_s": rec.write_seconds,
+                         "d2h_s": rec.transfer_seconds, "engine_s": engine.last_update_seconds,
+                         "total_s": total})
+          floor.measure()
+          if k < warmup:
+            rows.pop()
+        gap = logprob_gap(cfg, params[version % 2], engine)
+        best = {k: _best(rows, k) for k in rows[0]}
+        entry = {"best": best, "median_total_s": float(np.median([r["total_s"] for r in rows])),
+                 "logprob_max_abs_diff_after_refresh": gap, "runs": rows}
+        result[transport] = entry
+    finally:
+      engine.close()
+    result.update(bytes=int(nbytes), memcpy_floor_s=floor.best)
+  for transport in transports:
+    entry, best = result[transport], result[transport]["best"]
+    entry["total_over_floor"] = best["total_s"] / floor.best
+    if "repack_s" in best:
+      entry["total_over_floor_plus_repack"] = best["total_s"] / (floor.best + best["repack_s"])
+      entry["stall_over_floor"] = best["stall_s"] / floor.best
+  return result
+
+
+def tiny_default_stall(steps: int) -> dict:
+  """`configs/tiny.py` with vLLM (shm) for `steps` steps: the trainer's stall per refresh
+  (time/publish_s) against its train step (time/step_s), medians over the steps after the first."""
+  workdir = tempfile.mkdtemp(prefix="bench-tiny-default-")
+  cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/tiny.py", f"--workdir={workdir}",
+         f"--config.total_steps={steps}", "--config.rollout.backend=vllm",
+         "--config.rollout.weight_transport=shm", "--config.eval.every=0",
+         "--config.eval.num_problems=8", "--config.eval.n_samples=1", "--config.eval.ks=(1,)",
+         "--config.checkpoint.every=0"]
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+  if proc.returncode != 0:
+    raise RuntimeError(f"tiny default run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  rows = [r for r in rows if "time/step_s" in r][1:]  # the first step compiles
+  publish = np.array([r["time/publish_s"] for r in rows])
+  step = np.array([r["time/step_s"] for r in rows])
+  return {"steps": len(rows), "publish_s_median": float(np.median(publish)),
+          "step_s_median": float(np.median(step)),
+          "stall_over_step": float(np.median(publish) / np.median(step)),
+          "publish_s": publish.tolist(), "step_s": step.tolist()}
+
+
+def print_table(results, tiny_default):
+  print(f"{'config':>10} {'params':>8} {'MB':>7} {'transport':>9} {'stall ms':>9} {'write ms':>9} "
+        f"{'load ms':>8} {'repack ms':>9} {'engine ms':>9} {'total ms':>9} {'floor ms':>9} "
+        f"{'x floor':>8} {'x(fl+rp)':>8} {'lp diff':>8}")
+  for r in results:
+    for transport in ("shm", "file"):
+      if transport not in r:
+        continue
+      e, b = r[transport], r[transport]["best"]
+      ms = lambda k: f"{b[k] * 1e3:.1f}" if k in b else "-"  # noqa: E731
+      ratio = f"{e['total_over_floor_plus_repack']:.2f}" if "total_over_floor_plus_repack" in e else "-"
+      print(f"{r['config']:>10} {r['params'] / 1e6:7.1f}M {r['bytes'] / 2**20:7.1f} {transport:>9} "
+            f"{ms('stall_s'):>9} {ms('write_s'):>9} {ms('load_s'):>8} {ms('repack_s'):>9} "
+            f"{ms('engine_s'):>9} {ms('total_s'):>9} {r['memcpy_floor_s'] * 1e3:9.2f} "
+            f"{e['total_over_floor']:8.1f} {ratio:>8} "
+            f"{e['logprob_max_abs_diff_after_refresh']:8.1e}")
+  if tiny_default:
+    print(f"tiny default (configs/tiny.py, vllm, shm), {tiny_default['steps']} steps: trainer stall "
+          f"{tiny_default['publish_s_median'] * 1e3:.2f} ms per refresh, train step "
+          f"{tiny_default['step_s_median'] * 1e3:.1f} ms: {100 * tiny_default['stall_over_step']:.1f}%")
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="2 refreshes per config instead of 5")
-  parser.add_argument("--out", default=RESULTS)
+  parser.add_argument("--quick", action="store_true",
+                      help="tiny and 64M only, 2 refreshes per transport, 6 tiny-default steps")
+  parser.add_argument("--out", default=RESULTS, help="a directory (weight_sync.json in it) or a .json")
+  parser.add_argument("--repeats", type=int, default=0, help="refreshes per transport (0: 2 / 5)")
+  parser.add_argument("--transports", default="shm,file")
+  parser.add_argument("--tiny_default_steps", type=int, default=-1,
+                      help="steps of the tiny-default stall run (-1: 6 quick / 20; 0: skip)")
   args = parser.parse_args()
-  repeats = 2 if args.quick else 5
-  results = []
-  with WeightPublisher(keep=2) as publisher:
-    for name, cfg in configs().items():
-      results.append(bench_config(name, cfg, repeats, publisher))
-    root = publisher.root
-  header = (f"{'config':>10} {'params':>8} {'MB':>7} {'start s':>8} {'tok/s':>7} {'d2h ms':>8} "
-            f"{'write ms':>9} {'reload ms':>10} {'total ms':>9} {'memcpy ms':>10} {'x floor':>8} "
-            f"{'lp diff':>8}")
-  print(f"weight sync, publish root {root}, best of {repeats} refreshes")
-  print(header)
-  for r in results:
-    b = r["best"]
-    print(f"{r['config']:>10} {r['params'] / 1e6:7.1f}M {r['bytes'] / 2**20:7.1f} "
-          f"{r['engine_startup_s']:8.1f} {r['tokens_per_s']:7.0f} {b['transfer_s'] * 1e3:8.1f} "
-          f"{b['write_s'] * 1e3:9.1f} {b['reload_s'] * 1e3:10.1f} {b['total_s'] * 1e3:9.1f} "
-          f"{r['memcpy_floor_s'] * 1e3:10.2f} {r['total_over_floor']:8.1f} "
-          f"{r['logprob_max_abs_diff_after_refresh']:8.1e}")
+  repeats = args.repeats or (2 if args.quick else 5)
+  transports = [t for t in args.transports.split(",") if t]
+  # Qwen3-0.6B-sized (2.4 GB f32): shm only (a file copy of it too does not fit 23 GB beside it).
+  results = [bench_config(name, cfg, repeats, transports if "0.6b" not in name else ["shm"])
+             for name, cfg in configs(args.quick).items()]
+  steps = args.tiny_default_steps if args.tiny_default_steps >= 0 else (6 if args.quick else 20)
+  tiny_default = tiny_default_stall(steps) if steps else None
+  print(f"weight refresh, best of {repeats} per transport (total = stall + write + engine load)")
+  print_table(results, tiny_default)
   out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                     "jax_backend": jax.default_backend()},
-         "publish_root": root, "quick": args.quick, "results": results}
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
+                     "jax_backend": jax.default_backend(),
+                     "load_average": os.getloadavg()},
+         "quick": args.quick, "results": results, "tiny_default": tiny_default}
+  path = args.out if args.out.endswith(".json") else os.path.join(args.out, "weight_sync.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
     json.dump(out, f, indent=2)
-  print(f"wrote {args.out}")
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

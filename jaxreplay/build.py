@@ -38,7 +38,7 @@ from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.tasks import arithmetic as arithmetic_lib
 from jaxreplay.tasks import prompt_check
-from jaxreplay.workers import RolloutBackend
+from jaxreplay.workers import VLLM_DTYPES, WEIGHT_TRANSPORTS, RolloutBackend
 
 BACKENDS = ("jax", "vllm", "auto")
 SCHEDULES = ("simulated", "sync", "async")
@@ -219,6 +219,11 @@ def _rollout_errors(r, model_max_len: int) -> list[str]:
   for key in ("vllm_enforce_eager", "vllm_engine_process"):
     if str(r[key]).lower() not in ("auto", "true", "false"):
       errors.append(f"rollout.{key}={r[key]!r}: expected 'auto', 'true' or 'false'")
+  if r.vllm_dtype not in VLLM_DTYPES:
+    errors.append(f"rollout.vllm_dtype={r.vllm_dtype!r}: expected one of {VLLM_DTYPES}")
+  if r.weight_transport not in WEIGHT_TRANSPORTS:
+    errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
+                  f"{WEIGHT_TRANSPORTS} (shm: shared memory, file: an HF directory per refresh)")
   return errors
 
 

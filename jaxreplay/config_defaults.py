@@ -75,6 +75,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.vllm_enforce_eager = "auto"  # auto (eager on CPU, CUDA graphs on GPU) | true | false
   c.rollout.vllm_engine_process = "auto"  # auto (in-process engine core on CPU, vLLM's own
                                    # engine-core process on GPU) | true | false
+  c.rollout.vllm_dtype = "auto"     # engine weights and compute: auto (float32 on CPU, bfloat16 on
+                                   # GPU) | float32 | bfloat16 | float16; weights are published in it
+  c.rollout.weight_transport = "shm"  # how new weights reach vLLM engines: shm (HF tensors in one
+                                   # /dev/shm segment, written off the trainer's thread, loaded through
+                                   # vLLM's weight-transfer API) | file (an HF safetensors dir per
+                                   # refresh); JAX samplers always get device arrays
   c.rollout.sampler_batch_size = 64
 
   c.buffer = ml_collections.ConfigDict()

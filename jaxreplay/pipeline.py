@@ -69,7 +69,6 @@ class Pipeline:
     self.weights: Optional[Weights] = None
     self.last_eval: dict[str, float] = {}
     self.eval_calls = 0  # generate calls of evaluations on the engines (eval.backend="engines")
-    self._eval_publisher = None  # vLLM: HF dirs of eval-only versions (made on first need)
     self.finished = self.step >= parts.config.total_steps
     self.stopped = False  # a stop signal, honoured at a step's end (agreed by all processes)
     self._compute_at_step_end = 0.0  # the compute axis when the last step ended
@@ -162,6 +161,7 @@ class Pipeline:
     self._end_of_step()
     if result.step % self.config.rollout.refresh_every == 0 or self.finished:
       return self.publish()
+    self.parts.metrics.timing["publish_s"] = 0.0
     return None
 
   def _eval_due(self, step: int) -> bool:
@@ -242,27 +242,18 @@ class Pipeline:
 
   def _eval_weights(self) -> Weights:
     """This step's weights as the workers load them: the published ones when this step was
-    published, else an eval-only copy (jax: a device copy; vllm: an HF dir of its own publisher,
-    which keeps one version, so the rollout publisher's versions are never pushed out)."""
+    published, else an eval-only copy (`RolloutBackend.publish_eval`: jax, a device copy; vllm, a
+    segment or HF dir of its own publisher, so the rollout publisher's versions are never pushed
+    out)."""
     if self.weights is not None and self.weights.version == self.step:
       return self.weights
     p = self.parts
-    if p.rollouts.backend == "jax":
-      return p.rollouts.publish(self.state.params, self.step)
-    if self._eval_publisher is None:
-      from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
-      self._eval_publisher = WeightPublisher(keep=1)
     params = self.state.params
-    if jax.process_count() > 1:  # a collective, reached by every process at the same step
-      params = sharding.host_local(params)
-    hf_dir = self._eval_publisher.publish(p.model_cfg, params, self.step)
-    return Weights(version=self.step, hf_dir=hf_dir, cfg=p.model_cfg)
+    return p.rollouts.publish_eval(params, self.step)  # gathers host copies with several processes
 
   def close(self) -> None:
-    """Removes the eval-only weight directories (run closes the schedule's workers first)."""
-    if self._eval_publisher is not None:
-      self._eval_publisher.close()
-      self._eval_publisher = None
+    """Nothing of its own to release: the rollout backend owns the eval-only publisher (closed
+    with the backend, after the schedule's workers)."""
 
   def host_state(self) -> dict[str, Any]:
     p = self.parts

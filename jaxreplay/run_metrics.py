@@ -28,6 +28,11 @@ Keys of a row, by source (units in brackets):
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
                                  started), time/wall_s (since the run started, over resumes)
+  time/publish_s                 the trainer's stall for the weight refresh of this step [s] (0 when
+                                 none was due): vllm + rollout.weight_transport="shm", the device ->
+                                 host copy of the params only (the segment is written in the
+                                 background, `rollout.shm_publisher`); "file", the whole HF
+                                 directory write; jax, the device copy
   mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
   reward/*                       the reward runner's counters (calls, errors, timeouts,
                                  memory_errors, restarts), cumulative over resumes
@@ -37,7 +42,11 @@ Keys of a row, by source (units in brackets):
   pool/*                         the async schedule's worker-pool counters (counts and seconds
                                  cumulative over resumes: requests, calls (a call generates up to
                                  rollout.prompts_in_flight prompts), refresh_seconds (workers'
-                                 load_weights), generate_seconds; tokens_per_second and
+                                 load_weights), deferred_refreshes (calls served at the held
+                                 version while the newest weights were still being written),
+                                 superseded_loads (refreshes retried at a newer version: the
+                                 shared-memory slot of the one asked for had been reused),
+                                 generate_seconds; tokens_per_second and
                                  live_threads of this process)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
                                  gradient or parameters), else 0
@@ -154,7 +163,8 @@ class RunMetrics:
   # Cumulative counters that continue across a resume (rates and gauges do not).
   CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
                      "pool/restarts", "pool/failed_starts", "pool/dropped", "pool/refreshes",
-                     "pool/refresh_seconds", "pool/generate_seconds")
+                     "pool/refresh_seconds", "pool/deferred_refreshes", "pool/superseded_loads",
+                     "pool/generate_seconds")
 
   def _cumulative(self) -> dict[str, float]:
     now = {k: float(v) for k, v in self.task.reward_metrics().items()}

@@ -153,6 +153,8 @@ class LocalWorker:
     """The worker, made (on first use) or refreshed to hold `weights`."""
     if self._worker is None:
       self._worker = self.make_worker(0, weights)
+      if self._worker.policy_version != weights.version:  # started without them (superseded)
+        self._worker.load_weights(weights)
       if self.state is not None and hasattr(self._worker, "call_count"):
         self._worker.call_count = self.state.requests
       logging.info("started the rollout worker")
@@ -414,8 +416,8 @@ class AsyncScheduler:
       return {}
     m = self.pool.metrics()
     keys = ("requests", "calls", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "refresh_seconds", "generate_seconds", "tokens_per_second",
-            "live_threads")
+            "refreshes", "refresh_seconds", "deferred_refreshes", "superseded_loads",
+            "generate_seconds", "tokens_per_second", "live_threads")
     return {f"pool/{k}": float(m[k]) for k in keys}
 
   @property

@@ -4,8 +4,13 @@
 handle the workers load with `load_weights`:
   - jax:  `JaxSampler`s in this process get device arrays: a copy of the params (the train step
           donates its own buffers), no host round trip.
-  - vllm: `VllmWorkerProcess`es (one engine process per worker) get an HF directory written once
-          per refresh by `WeightPublisher` (to /dev/shm), which each engine reloads in one RPC.
+  - vllm: `VllmWorkerProcess`es (one engine process per worker), in the engines' dtype
+          (rollout.vllm_dtype), by rollout.weight_transport:
+          "shm": a shared-memory segment of HF tensors (`ShmPublisher`: the trainer only copies the
+                 params to host, the segment is written in the background; engines start from
+                 its config-only `model_dir` and load segments through vLLM's weight-transfer API);
+          "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
+          Each engine loads a refresh in one RPC.
 With several trainer processes every process gathers full host copies first (a collective).
 `make_worker(index, weights)` builds worker `index` holding `weights`; the schedules
 (`jaxreplay.schedulers`) decide how many workers run and when they load newer weights.
@@ -15,12 +20,17 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
 from jaxreplay import sharding
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.rollout.shm_weights import StaleWeights
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_TRANSPORTS = ("shm", "file")
 
 
 class RolloutBackend:
@@ -38,20 +48,50 @@ class RolloutBackend:
     if self.backend not in ("jax", "vllm"):
       raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
                        "(build.resolve_backend)")
-    self.publisher = None
+    self.publisher = self._eval_publisher = None
+    self.transport = None
     if self.backend == "vllm":
-      from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
-      self.publisher = WeightPublisher(keep=3)
+      self.settings = vllm_engine_settings(config, on_cpu=jax.default_backend() == "cpu")
+      self.transport = config.rollout.weight_transport
+      if self.transport not in WEIGHT_TRANSPORTS:
+        raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
+                         f"{WEIGHT_TRANSPORTS}")
+      self.publisher = self._make_publisher(keep=3)
+
+  @property
+  def dtype(self) -> str:
+    """The engines' dtype, which weights are published in (vllm only)."""
+    return self.settings["dtype"]
 
   def publish(self, params, version: int) -> Weights:
-    """The weights handle of `params` at policy `version` (see the module docstring)."""
+    """The weights handle of `params` at policy `version` (see the module docstring). With the
+    shm transport it returns once the params are on host; `Weights.ready` settles when written."""
+    return self._publish(self.publisher, params, version)
+
+  def publish_eval(self, params, version: int) -> Weights:
+    """As `publish`, for a version the workers only evaluate (a step that was not published): its
+    own publisher, so the rollout versions are never pushed out."""
+    if self.backend == "vllm" and self._eval_publisher is None:
+      self._eval_publisher = self._make_publisher(keep=2 if self.transport == "shm" else 1)
+    return self._publish(self._eval_publisher, params, version)
+
+  def _make_publisher(self, keep: int):
+    if self.transport == "shm":
+      from jaxreplay.rollout.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
+      return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2))
+    from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
+    return WeightPublisher(keep=keep)
+
+  def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       params = sharding.host_local(params)
     elif self.backend == "jax":
       params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
     if self.backend == "jax":
       return Weights(version=int(version), params=params, cfg=self.model_cfg)
-    hf_dir = self.publisher.publish(self.model_cfg, params, version)
+    if self.transport == "shm":
+      return publisher.publish(params, version)
+    hf_dir = publisher.publish(self.model_cfg, params, version, dtype=self.dtype)
     return Weights(version=int(version), hf_dir=hf_dir, cfg=self.model_cfg)
 
   @property
@@ -68,19 +108,36 @@ class RolloutBackend:
                         batch_size=c.rollout.sampler_batch_size, eos_token_ids=self.stop_ids,
                         seed=seed, policy_version=weights.version)
     from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
-    settings = vllm_engine_settings(c, on_cpu=jax.default_backend() == "cpu")
-    env = settings.pop("env")
+    settings = dict(self.settings)
+    env = dict(settings.pop("env"))
     gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
     if gpus:  # jaxreplay.devices (launch): the worker GPUs, tensor_parallel_size of them per worker
       groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
       env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
-    return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
-                             eos_token_ids=self.stop_ids, **settings)
+    if self.transport == "file":
+      return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
+                               eos_token_ids=self.stop_ids, **settings)
+    # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
+    worker = VllmWorkerProcess(self.publisher.model_dir, weights_pending=True, policy_version=-1,
+                               seed=seed, env=env, eos_token_ids=self.stop_ids, **settings)
+    try:
+      worker.load_weights(weights)
+    except StaleWeights:
+      # Newer versions reused the segment's slot while the engine started (tens of seconds): the
+      # worker holds no weights yet (version -1); the pool loads its newest target next.
+      logging.info("rollout worker %d started after version %d was superseded; it loads the "
+                   "newest next", index, weights.version)
+    except BaseException:
+      worker.kill()
+      raise
+    return worker
 
   def close(self) -> None:
-    if self.publisher is not None:
-      self.publisher.close()
-      self.publisher = None
+    for name in ("publisher", "_eval_publisher"):
+      publisher = getattr(self, name)
+      if publisher is not None:
+        publisher.close()
+        setattr(self, name, None)
 
 
 TRI_STATE = ("auto", "true", "false")
@@ -112,7 +169,7 @@ def vllm_engine_settings(config, on_cpu: bool) -> dict:
   settings = dict(
       max_model_len=int(r.vllm_max_model_len or config.model.max_len),
       max_num_seqs=int(r.vllm_max_num_seqs),
-      dtype="float32" if on_cpu else "bfloat16",
+      dtype=_engine_dtype(r.get("vllm_dtype", "auto"), on_cpu),
       enforce_eager=eager,
       disable_torch_compile=eager,  # eager: nothing to compile (vLLM's sampler helpers included)
       env={"VLLM_CPU_KVCACHE_SPACE": str(r.vllm_kv_cache_gib),
@@ -121,6 +178,15 @@ def vllm_engine_settings(config, on_cpu: bool) -> dict:
     settings["engine_kwargs"] = dict(gpu_memory_utilization=float(r.vllm_gpu_memory_utilization),
                                      tensor_parallel_size=int(r.vllm_tensor_parallel_size))
   return settings
+
+
+def _engine_dtype(value: str, on_cpu: bool) -> str:
+  """rollout.vllm_dtype with "auto" resolved: float32 on CPU (the test backend), else bfloat16."""
+  if value not in VLLM_DTYPES:
+    raise ValueError(f"rollout.vllm_dtype={value!r}: expected one of {VLLM_DTYPES}")
+  if value == "auto":
+    return "float32" if on_cpu else "bfloat16"
+  return value
 
 
 def requests_per_call(config) -> int:

@@ -55,21 +55,55 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # ---- JAX -> HF --------------------------------------------------------------------------------
 
 
-def _host_tensor(leaf, rule: layout.Rule, layer: Optional[int], dtype,
-                 logical_shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
-  """One HF tensor (HF layout, C-contiguous numpy) out of a JAX leaf; a device slice when jax.
-  `logical_shape` (JAX layout, without the layer axis) slices a padded leaf back."""
+def _jax_layout_view(leaf, rule: layout.Rule, layer: Optional[int],
+                     logical_shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
+  """One tensor of a JAX leaf as numpy, still in JAX layout ([in, out] for kernels): the layer's
+  slice, and `logical_shape` (JAX layout, without the layer axis) slices a padded leaf back. A view
+  of `leaf` when it is numpy (no copy); a device slice + transfer when it is a jax.Array."""
   if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
     raise ValueError(f"leaf {'/'.join(rule.path)!r} is not fully addressable from this process; "
                      "gather it (e.g. with jax.experimental.multihost_utils) before saving")
   x = np.asarray(leaf if layer is None else leaf[layer])
   if logical_shape is not None:  # a leaf stored padded by the trainer (`layout.unpad`)
     x = x[tuple(slice(0, n) for n in logical_shape)]
+  return x
+
+
+def _host_tensor(leaf, rule: layout.Rule, layer: Optional[int], dtype,
+                 logical_shape: Optional[tuple[int, ...]] = None) -> np.ndarray:
+  """One HF tensor (HF layout, C-contiguous numpy) out of a JAX leaf; a device slice when jax."""
+  x = _jax_layout_view(leaf, rule, layer, logical_shape)
   if rule.transpose:
     x = x.T
   if dtype is not None:
     x = x.astype(dtype, copy=False)
   return np.ascontiguousarray(x)
+
+
+def _logical_shape(cfg: ModelConfig, leaf, rule: layout.Rule, layer: Optional[int]):
+  want = rule.jax_shape(cfg)
+  if tuple(leaf.shape) == want:
+    return None
+  return want[1:] if layer is not None else want
+
+
+def hf_sources(cfg: ModelConfig, params: Params) -> list[tuple[str, tuple[int, ...], bool, Any]]:
+  """(HF name, HF shape, transpose, source) per HF tensor, in HF state-dict order, from the table.
+
+  `source()` is the tensor in JAX layout (numpy; a view of `params` when they are numpy, so a
+  caller can write `source().T` straight into its own buffer, e.g. shared memory, without an
+  intermediate copy); `transpose` says the HF tensor is its transpose ([out, in] of an [in, out]
+  kernel). Padding and layer stacking are undone as for `save_hf`.
+  """
+  layout.check_params(cfg, params, allow_padding=True)
+  out = []
+  for name, rule, layer in layout.entries(cfg):
+    leaf = layout.get_leaf(params, rule.path)
+    logical = _logical_shape(cfg, leaf, rule, layer)
+    out.append((name, tuple(rule.hf_shape(cfg)), bool(rule.transpose),
+                lambda leaf=leaf, rule=rule, layer=layer, logical=logical:
+                _jax_layout_view(leaf, rule, layer, logical)))
+  return out
 
 
 def _plan(cfg: ModelConfig, params: Params, dtype=None):
@@ -79,10 +113,7 @@ def _plan(cfg: ModelConfig, params: Params, dtype=None):
   for name, rule, layer in layout.entries(cfg):
     leaf = layout.get_leaf(params, rule.path)
     dt = np.dtype(dtype if dtype is not None else leaf.dtype)
-    want = rule.jax_shape(cfg)
-    logical = None
-    if tuple(leaf.shape) != want:
-      logical = want[1:] if layer is not None else want
+    logical = _logical_shape(cfg, leaf, rule, layer)
     plan.append((name, tuple(rule.hf_shape(cfg)), dt,
                  lambda leaf=leaf, rule=rule, layer=layer, logical=logical:
                  _host_tensor(leaf, rule, layer, dtype, logical)))
@@ -308,24 +339,34 @@ def save_hf(cfg: ModelConfig, params: Params, out_dir: str, tokenizer_dir: Optio
   if written not in safetensors_io.FLOATS or written.name not in ("float32", "bfloat16", "float16"):
     raise ValueError(f"params have dtype {written}; save_hf writes float32, bfloat16 or float16")
   with safetensors_io.staged_dir(out_dir) as tmp:
-    hf_config = cfg.replace(param_dtype=written.name).to_hf_dict()
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-      json.dump(hf_config, f, indent=2, sort_keys=True)
-    gen = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-           if getattr(cfg, k) is not None}
-    source_gen = os.path.join(tokenizer_dir, "generation_config.json") if tokenizer_dir else ""
-    if source_gen and os.path.isfile(source_gen):
-      # The source model's file (every eos id, e.g. Llama-3.2-Instruct's 128001/128008/128009, and
-      # its sampling defaults), with cfg's eos added when it lacks it.
-      with open(source_gen) as f:
-        src = json.load(f)
-      eos = src.get("eos_token_id")
-      eos = [] if eos is None else (list(eos) if isinstance(eos, list) else [eos])
-      if cfg.eos_token_id is not None and cfg.eos_token_id not in eos:
-        eos.append(cfg.eos_token_id)
-      gen = {**gen, **src, **({"eos_token_id": eos if len(eos) > 1 else eos[0]} if eos else {})}
-    with open(os.path.join(tmp, "generation_config.json"), "w") as f:
-      json.dump(gen, f, indent=2, sort_keys=True)
+    write_config_files(cfg, tmp, written.name, tokenizer_dir)
     safetensors_io.write_model_files(tmp, plan, max_shard_bytes)
     if tokenizer_dir is not None:
       safetensors_io.copy_tokenizer(tokenizer_dir, tmp)
+
+
+def write_config_files(cfg: ModelConfig, directory: str, dtype_name: str,
+                       tokenizer_dir: Optional[str] = None) -> None:
+  """config.json (`cfg` with param dtype `dtype_name`) and generation_config.json into `directory`.
+
+  What an engine needs to build the model without its weights (vLLM `load_format="dummy"`, then
+  weights over shared memory), and what `save_hf` writes beside the safetensors. With
+  `tokenizer_dir`, its generation_config.json is kept (every eos id of the source model, e.g.
+  Llama-3.2-Instruct's 128001/128008/128009, and its sampling defaults), with cfg's eos added.
+  """
+  hf_config = cfg.replace(param_dtype=dtype_name).to_hf_dict()
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  gen = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+         if getattr(cfg, k) is not None}
+  source_gen = os.path.join(tokenizer_dir, "generation_config.json") if tokenizer_dir else ""
+  if source_gen and os.path.isfile(source_gen):
+    with open(source_gen) as f:
+      src = json.load(f)
+    eos = src.get("eos_token_id")
+    eos = [] if eos is None else (list(eos) if isinstance(eos, list) else [eos])
+    if cfg.eos_token_id is not None and cfg.eos_token_id not in eos:
+      eos.append(cfg.eos_token_id)
+    gen = {**gen, **src, **({"eos_token_id": eos if len(eos) > 1 else eos[0]} if eos else {})}
+  with open(os.path.join(directory, "generation_config.json"), "w") as f:
+    json.dump(gen, f, indent=2, sort_keys=True)

@@ -15,6 +15,7 @@ _LAZY = {
     "VllmWorkerProcess": "jaxreplay.rollout.vllm_worker",
     "WeightPublisher": "jaxreplay.rollout.weight_sync",
     "PublishRecord": "jaxreplay.rollout.weight_sync",
+    "ShmPublisher": "jaxreplay.rollout.shm_publisher",
     "WorkerPool": "jaxreplay.rollout.pool",
     "PromptBatch": "jaxreplay.rollout.pool",
     "Delivery": "jaxreplay.rollout.pool",

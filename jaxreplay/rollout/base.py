@@ -66,12 +66,32 @@ class Weights:
 
   version: the policy version; params: a parameter pytree for in-process JAX samplers (None
   otherwise); hf_dir: an HF directory written by models.save_hf, for engines in other processes
-  (None otherwise); cfg: the ModelConfig of params (optional).
+  (transport "file"; None otherwise); shm_path: a shared-memory segment of HF tensors
+  (`rollout.shm_weights`, transport "shm"; None otherwise); cfg: the ModelConfig of params
+  (optional); ready: None when the weights are complete, else a `concurrent.futures.Future` that
+  the publisher settles when the segment is written (it is written off the trainer's thread).
+  `ready` stays in this process: it is not compared, and `portable()` drops it.
   """
   version: int
   params: Any = None
   hf_dir: Optional[str] = None
   cfg: Any = None
+  shm_path: Optional[str] = None
+  ready: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  def is_ready(self) -> bool:
+    """Whether the weights can be loaded now without waiting for the publisher."""
+    return self.ready is None or self.ready.done()
+
+  def wait(self, timeout_s: Optional[float] = None) -> None:
+    """Blocks until the publisher has written these weights; re-raises its error."""
+    if self.ready is not None:
+      self.ready.result(timeout_s)
+
+  def portable(self) -> "Weights":
+    """What a worker in another process gets: version, hf_dir and shm_path (waits until ready)."""
+    self.wait()
+    return Weights(version=int(self.version), hf_dir=self.hf_dir, shm_path=self.shm_path)
 
 
 class RolloutWorker(Protocol):

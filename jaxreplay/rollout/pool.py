@@ -7,7 +7,9 @@ run the optional `prepare` stage on each request's `Delivery` (in this thread, c
 the other threads: e.g. scoring the completions) and hand each `Delivery` (the groups, tagged with
 the policy version that produced them, and what `prepare` returned) to the sink, one at a time.
 Weight refreshes are applied by the worker's own thread between two calls, so no request straddles
-a refresh.
+a refresh; while the newest weights are still being written by their publisher (`Weights.ready`,
+the shared-memory transport) a worker that holds weights serves its next call at the version it
+holds (each group is tagged with it) instead of waiting.
 
 Jobs (`submit`, `run_jobs`): a job is a function of a worker (e.g. an evaluation request,
 `evaluation.engine_jobs`) with the `Weights` it must run at. The next runner that is between two
@@ -36,6 +38,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
+from jaxreplay.rollout.shm_weights import StaleWeights
 
 
 class PoolStopped(RuntimeError):
@@ -96,6 +99,8 @@ class _WorkerRunner:
     self.dropped = 0
     self.refreshes = 0
     self.refresh_seconds = 0.0  # in load_weights of refreshes (not of a worker's start)
+    self.deferred_refreshes = 0  # calls served at the held version while the newest was written
+    self.superseded_loads = 0  # loads refused because newer versions had reused the target's slot
     self.generate_seconds = 0.0
     self.jobs = 0  # jobs run to the end (`WorkerPool.submit`)
     self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
@@ -137,7 +142,7 @@ class _WorkerRunner:
       worker = pool.make_worker(self.index)
       target = pool.target
       if target is not None and worker.policy_version != target.version:
-        worker.load_weights(target)
+        self._load_newest(worker, target)
     except (WorkerDied, TimeoutError):  # A start-up crash or timeout: retry, a bounded number of times.
       if worker is not None:
         _close_quietly(worker)
@@ -156,15 +161,33 @@ class _WorkerRunner:
     target = self.pool.target
     if target is None or self.worker.policy_version == target.version:
       return True
+    if not target.is_ready():  # still being written: serve this call at the version held
+      self.deferred_refreshes += 1
+      return True
     start = time.perf_counter()
     try:
-      self.worker.load_weights(target)
+      self._load_newest(self.worker, target)
     except WorkerDied as e:
       self._replace(e)
       return False
     self.refresh_seconds += time.perf_counter() - start
     self.refreshes += 1
     return True
+
+  def _load_newest(self, worker: RolloutWorker, target: Weights) -> None:
+    """`worker.load_weights(target)`; when the engine refuses it as superseded (`StaleWeights`:
+    the trainer published `keep` newer versions meanwhile and reused its shared-memory slot; the
+    engine's weights are untouched), loads the pool's newest target instead."""
+    while True:
+      try:
+        worker.load_weights(target)
+        return
+      except StaleWeights:
+        newest = self.pool.target
+        if newest is None or newest.version == target.version:
+          raise
+        self.superseded_loads += 1
+        target = newest
 
   def _take(self) -> list[PromptBatch]:
     """Up to `pool.requests_per_call` requests that the source has now (none when it has none)."""
@@ -472,7 +495,8 @@ class WorkerPool:
     """Totals and per-worker counters; tokens_per_second is over the pool's wall time."""
     wall = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
     keys = ("requests", "calls", "groups", "completions", "tokens", "restarts", "failed_starts", "dropped",
-            "refreshes", "refresh_seconds", "generate_seconds")
+            "refreshes", "refresh_seconds", "deferred_refreshes", "superseded_loads",
+            "generate_seconds")
     per_worker = [dict({k: getattr(r, k) for k in keys}, index=r.index, version=r.version,
                        alive=r.thread.is_alive()) for r in self._runners]
     totals = {k: sum(w[k] for w in per_worker) for k in keys}

@@ -17,12 +17,17 @@ all its mass on the argmax, so its log-probs are 0.0 here (vLLM itself would rep
 Stopping: a completion ends after a token of `SamplingParams.stop_token_ids` or of the engine's
 `eos_token_ids` (default: config.json's `eos_token_id`, as the JAX sampler does); that token is kept.
 
-Weight refresh: `load_weights(Weights(version, hf_dir=...))` reloads the safetensors written by
-`models.save_hf` in one RPC (vLLM's in-place `reload_weights`, which keeps CUDA-graph references,
-called by name through `WorkerExtension` so that it also reaches an engine core in its own process)
-and resets the prefix cache. On CPU, vLLM keeps a
-packed copy of each linear weight; with tied embeddings the LM head is not reloaded itself (its
-weight is the embedding's) so its packed copy would stay stale: it is re-packed after the reload.
+Weight refresh, one RPC either way, called by name through `vllm_transfer.WorkerExtension` so that
+it also reaches an engine core in its own process, then a prefix-cache reset:
+  - `Weights(version, shm_path=...)` (transport "shm", the default): vLLM's weight-transfer session
+    with the shared-memory engine of `vllm_transfer` (tensors mapped from /dev/shm, no files);
+  - `Weights(version, hf_dir=...)` (transport "file"): vLLM's in-place `reload_weights` of the
+    safetensors written by `models.save_hf`.
+Both keep CUDA-graph references. On CPU, vLLM keeps a packed copy of each linear weight; with tied
+embeddings the LM head is not reloaded itself (its weight is the embedding's) so its packed copy
+would stay stale: it is re-packed after the reload. With `weights_pending=True` the engine starts
+from a directory with config.json only (vLLM `load_format="dummy"`) and must load weights before
+its first request.
 `generate` and `load_weights` hold one lock, so no request straddles a refresh, and every Group
 carries the version of the weights that generated it.
 """
@@ -144,43 +149,45 @@ def _reload_worker_weights(worker, weights_path: str) -> None:
   reload_logger = logging.getLogger(_RELOAD_LOGGER)
   if not any(isinstance(f, _BenignReloadWarnings) for f in reload_logger.filters):
     reload_logger.addFilter(_BenignReloadWarnings(tied))
+  load_config = worker.vllm_config.load_config
+  if str(load_config.load_format) == "dummy":  # started with placeholder weights: files from now on
+    load_config.load_format = "auto"
   worker.reload_weights(weights_path=weights_path)
-  model = worker.model_runner.get_model()
+  _repack_tied_head(worker.model_runner.get_model())
+
+
+def _repack_tied_head(model) -> None:
+  """With tied embeddings the LM head is not reloaded itself (its weight is the embedding's), so
+  vLLM's packed copy of it (CPU) would stay stale: re-pack it from the new embedding."""
   lm_head = getattr(model, "lm_head", None)
   quant_method = getattr(lm_head, "quant_method", None)
   if getattr(model.config, "tie_word_embeddings", False) and quant_method is not None:
     quant_method.process_weights_after_loading(lm_head)
 
 
-class WorkerExtension:
-  """Mixed into vLLM's worker class (`worker_extension_cls`), so that the reload is called by name:
-  `collective_rpc("jaxreplay_reload_weights", ...)` reaches the worker wherever it runs. A function
-  shipped through collective_rpc only works with the engine core in the caller's process (vLLM
-  serialises RPCs to its own engine-core process without pickle)."""
-
-  def jaxreplay_reload_weights(self, weights_path: str) -> None:
-    _reload_worker_weights(self, weights_path)
+# The worker extension (`vllm_transfer.WorkerExtension`: the reload methods called by name) lives in
+# a module that imports vLLM; importing it registers the shared-memory weight-transfer engine.
+WORKER_EXTENSION = "jaxreplay.rollout.vllm_transfer.WorkerExtension"
+SHM_BACKEND = "jaxreplay_shm"  # = vllm_transfer.SHM_BACKEND (not imported here: no vLLM import)
 
 
-WORKER_EXTENSION = "jaxreplay.rollout.vllm_worker.WorkerExtension"
-
-
-def _weights_hf_dir(weights: Weights) -> str:
+def _check_weights(weights: Weights) -> None:
   if not isinstance(weights, Weights):
     raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
-  if weights.hf_dir is None:
-    raise ValueError(f"vLLM loads weights from an HF directory, but this Weights handle (version "
-                     f"{weights.version}) has hf_dir=None; write them with WeightPublisher.publish "
-                     "(or models.save_hf) and pass Weights(version, hf_dir=that directory)")
-  return weights.hf_dir
+  if weights.hf_dir is None and weights.shm_path is None:
+    raise ValueError(f"vLLM loads weights from an HF directory or a shared-memory segment, but this "
+                     f"Weights handle (version {weights.version}) has neither; publish them with "
+                     "ShmPublisher.publish or WeightPublisher.publish (or models.save_hf) and pass "
+                     "that handle")
 
 
-def _check_hf_dir(hf_dir: str) -> None:
+def _check_hf_dir(hf_dir: str, weights: bool = True) -> None:
   if not os.path.isfile(os.path.join(hf_dir, "config.json")):
     raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with models.save_hf(cfg, params, "
                             "dir) or WeightPublisher.publish")
-  if not glob.glob(os.path.join(hf_dir, "*.safetensors")):
-    raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with models.save_hf")
+  if weights and not glob.glob(os.path.join(hf_dir, "*.safetensors")):
+    raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with models.save_hf "
+                            "(or start the engine with weights_pending=True and load a segment)")
 
 
 def request_seed(engine_seed: int, sampling_seed: int, call_index: int, prompt_index: int) -> int:
@@ -197,8 +204,11 @@ class VllmEngine:
   """An in-process offline vLLM engine behind the `RolloutWorker` protocol.
 
   Args:
-    hf_dir: a directory written by `models.save_hf` (config.json + safetensors).
+    hf_dir: a directory written by `models.save_hf` (config.json + safetensors), or with
+      `weights_pending` one with config.json only (`ShmPublisher.model_dir`).
     policy_version: the version tag of the weights in `hf_dir`.
+    weights_pending: start with placeholder weights (vLLM `load_format="dummy"`); `generate`
+      refuses to run until `load_weights` has loaded real ones.
     max_model_len: the longest prompt + completion, in tokens.
     max_num_seqs: how many sequences vLLM batches at once.
     dtype: vLLM's compute dtype ("float32" on CPU, "bfloat16" on GPU).
@@ -221,8 +231,8 @@ class VllmEngine:
                eos_token_ids: Optional[Sequence[int]] = None,
                enforce_eager: bool = True, logprobs_mode: str = "processed_logprobs",
                disable_torch_compile: bool = True, env: Optional[dict[str, str]] = None,
-               engine_kwargs: Optional[dict[str, Any]] = None):
-    _check_hf_dir(hf_dir)
+               engine_kwargs: Optional[dict[str, Any]] = None, weights_pending: bool = False):
+    _check_hf_dir(hf_dir, weights=not weights_pending)
     if logprobs_mode not in _LOGPROBS_MODES:
       raise ValueError(f"logprobs_mode={logprobs_mode!r}; expected one of {_LOGPROBS_MODES}")
     _apply_default_env(env)
@@ -233,7 +243,10 @@ class VllmEngine:
     if disable_torch_compile:
       torch._dynamo.config.disable = True  # pylint: disable=protected-access
     import vllm  # pylint: disable=g-import-not-at-top
+    from vllm.config import WeightTransferConfig  # pylint: disable=g-import-not-at-top
     from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
+    from jaxreplay.rollout import vllm_transfer  # pylint: disable=g-import-not-at-top
+    vllm_transfer.register()  # this process's factory (an engine-core process imports it itself)
     self._vllm = vllm
     self._tokens_prompt = TokensPrompt
     self.seed = int(seed)
@@ -247,11 +260,16 @@ class VllmEngine:
     self.num_generated_tokens = 0
     self.generate_seconds = 0.0
     self.last_update_seconds = 0.0
+    self.last_update_phases: dict[str, float] = {}
+    self._has_weights = not weights_pending
     start = time.perf_counter()
     kwargs = dict(model=hf_dir, skip_tokenizer_init=True, dtype=dtype, seed=self.seed,
                   enforce_eager=enforce_eager, logprobs_mode=logprobs_mode,
                   max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                  use_tqdm_on_load=False, worker_extension_cls=WORKER_EXTENSION)
+                  use_tqdm_on_load=False, worker_extension_cls=WORKER_EXTENSION,
+                  weight_transfer_config=WeightTransferConfig(backend=SHM_BACKEND))
+    if weights_pending:
+      kwargs["load_format"] = "dummy"
     kwargs.update(engine_kwargs or {})
     self._llm = vllm.LLM(**kwargs)
     self.startup_seconds = time.perf_counter() - start
@@ -268,6 +286,9 @@ class VllmEngine:
     prompts = self._check_prompts(prompts, n, sampling)
     with self._lock:
       llm = self._require_open()
+      if not self._has_weights:
+        raise RuntimeError("this engine started with weights_pending=True and has loaded no weights "
+                           "yet; call load_weights first")
       version = self.policy_version
       call_index = self._calls
       self._calls += 1
@@ -285,22 +306,36 @@ class VllmEngine:
       self.num_generated_tokens += sum(len(c.tokens) for g in groups for c in g.completions)
     return groups
 
-  def load_weights(self, weights: Weights) -> None:
-    """Loads `weights.hf_dir` (models.save_hf) in one RPC; later groups carry `weights.version`.
+  def load_weights(self, weights: Weights) -> dict[str, float]:
+    """Loads `weights` in one RPC (its shm segment, else its hf_dir); later groups carry
+    `weights.version`. Waits until the publisher has written them. Returns the refresh's phases
+    [s] (`last_update_phases`: shm: load_s, repack_s, finalize_s, engine_s, bytes; both: total_s).
 
-    Raises ValueError when the handle has no hf_dir, FileNotFoundError when the directory holds no
-    config.json or safetensors.
+    Raises ValueError when the handle has neither, FileNotFoundError when the directory holds no
+    config.json or safetensors, `shm_weights.StaleWeights` when the segment was reused for a newer
+    version (the engine then keeps its previous weights).
     """
-    hf_dir = _weights_hf_dir(weights)
-    _check_hf_dir(hf_dir)
+    _check_weights(weights)
+    weights.wait()
+    if weights.shm_path is None:
+      _check_hf_dir(weights.hf_dir)
     with self._lock:
       llm = self._require_open()
       start = time.perf_counter()
-      llm.collective_rpc("jaxreplay_reload_weights", args=(os.path.abspath(hf_dir),))
+      if weights.shm_path is not None:
+        phases = dict(llm.collective_rpc("jaxreplay_load_shm",
+                                         args=(weights.shm_path, int(weights.version)))[0])
+      else:
+        llm.collective_rpc("jaxreplay_reload_weights", args=(os.path.abspath(weights.hf_dir),))
+        phases = {}
       if not llm.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache after a weight reload")
       self.policy_version = int(weights.version)
+      self._has_weights = True
       self.last_update_seconds = time.perf_counter() - start
+      phases["total_s"] = self.last_update_seconds
+      self.last_update_phases = phases
+    return dict(phases)
 
   def close(self) -> None:
     """Shuts the engine down and frees its memory; a new engine can then start in this process."""
@@ -397,7 +432,7 @@ class VllmWorkerProcess:
   def __init__(self, hf_dir: str, *, startup_timeout_s: float = 300.0,
                request_timeout_s: Optional[float] = None, env: Optional[dict[str, str]] = None,
                **engine_kwargs):
-    _check_hf_dir(hf_dir)
+    _check_hf_dir(hf_dir, weights=not engine_kwargs.get("weights_pending", False))
     engine_kwargs["hf_dir"] = hf_dir
     self.policy_version = int(engine_kwargs.get("policy_version", 0))
     self.request_timeout_s = request_timeout_s
@@ -431,12 +466,13 @@ class VllmWorkerProcess:
     prompts = [np.asarray(p) for p in prompts]
     return self._call("generate", (prompts, n, sampling), self.request_timeout_s)
 
-  def load_weights(self, weights: Weights) -> None:
-    """As `VllmEngine.load_weights`, run in the child (it gets only hf_dir and version)."""
-    hf_dir = _weights_hf_dir(weights)
-    self._call("load_weights", (Weights(version=int(weights.version), hf_dir=hf_dir),),
-               self.request_timeout_s)
+  def load_weights(self, weights: Weights) -> dict[str, float]:
+    """As `VllmEngine.load_weights`, run in the child (it gets version, hf_dir and shm_path, once
+    the publisher has written them); returns the refresh's phases."""
+    _check_weights(weights)
+    phases = self._call("load_weights", (weights.portable(),), self.request_timeout_s)
     self.policy_version = int(weights.version)
+    return phases
 
   def ping(self, timeout_s: float = 30.0) -> dict[str, float]:
     """The child's `VllmEngine.stats()`; raises WorkerDied when it does not answer in time."""

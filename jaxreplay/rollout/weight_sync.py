@@ -1,4 +1,6 @@
-"""Weight refresh: the trainer's parameters -> one HF directory the rollout workers load in one RPC.
+"""Weight refresh over files (rollout.weight_transport="file"): the trainer's parameters -> one HF
+directory the rollout workers load in one RPC. The in-memory transport ("shm", the default) is
+`rollout.shm_publisher`; both keep their versions under a root made here.
 
 `WeightPublisher.publish` moves the whole parameter pytree to the host in one batched transfer
 (`jax.device_get` of the tree, not one call per tensor), writes it with `models.save_hf` (one
@@ -111,6 +113,22 @@ def default_root() -> str:
   return tempfile.mkdtemp(prefix=f"jaxreplay-{os.getpid()}-")
 
 
+def claim_root(root: Optional[str]) -> tuple[str, bool, Optional[int]]:
+  """(absolute root, owned, owner fd) of a publisher: `root` as given (created, kept on close), or
+  a new `default_root()` that the publisher owns: flock-ed through its `.owner` file for the
+  publisher's life (how `remove_stale_roots` tells a live one) and removed at interpreter exit
+  (/dev/shm is RAM: nothing stays behind when close() is skipped)."""
+  owns = root is None
+  root = os.path.abspath(root or default_root())
+  os.makedirs(root, exist_ok=True)
+  owner_fd = None
+  if owns:
+    owner_fd = os.open(os.path.join(root, OWNER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(owner_fd, fcntl.LOCK_SH)
+    atexit.register(shutil.rmtree, root, True)
+  return root, owns, owner_fd
+
+
 class WeightPublisher:
   """Writes successive parameter versions as HF directories `root/v{version}`.
 
@@ -125,15 +143,7 @@ class WeightPublisher:
   def __init__(self, root: Optional[str] = None, keep: int = 2):
     if keep < 1:
       raise ValueError(f"keep={keep} must be >= 1 (the newest version must stay on disk)")
-    self._owns_root = root is None
-    self.root = os.path.abspath(root or default_root())
-    os.makedirs(self.root, exist_ok=True)
-    self._owner_fd = None
-    if self._owns_root:  # held until close or death: how `remove_stale_roots` tells it is live
-      self._owner_fd = os.open(os.path.join(self.root, OWNER_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-      fcntl.flock(self._owner_fd, fcntl.LOCK_SH)
-    if self._owns_root:  # /dev/shm is RAM: do not leave versions behind when close() is skipped.
-      atexit.register(shutil.rmtree, self.root, True)
+    self.root, self._owns_root, self._owner_fd = claim_root(root)
     self.keep = int(keep)
     self._lock = threading.Lock()
     self._published: list[PublishRecord] = []

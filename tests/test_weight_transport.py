@@ -1,0 +1,299 @@
+"""Tests of the shared-memory weight transport: the segment round trip (names, dtypes, shapes,
+values; bf16), the publisher's stall (only the host copy: the segment is written in the background),
+version tags and slot reuse, stale segments removed after a killed run, the pool serving at the held
+version while the newest one is written, and vLLM engines refreshed through shared memory (same
+log-probs as through the file path, also in a worker process)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import chex
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.rollout import shm_weights
+from jaxreplay.rollout.base import SamplingParams, Weights
+from jaxreplay.rollout.pool import WorkerPool
+from jaxreplay.rollout.shm_publisher import ShmPublisher
+from jaxreplay.rollout.weight_sync import WeightPublisher, remove_stale_roots
+from tests.conftest import require
+
+TINY = models.presets.tiny()
+# Untied, with q/k/v biases and no q/k norms: every optional rule of the table.
+QWEN2 = models.presets.tiny(model_type="qwen2", tie_word_embeddings=False, attention_bias=True,
+                            qk_norm=False)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("cfg", [TINY, QWEN2], ids=["qwen3_tied", "qwen2_untied_bias"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype):
+  params = models.init_params(cfg, jax.random.key(0))
+  reference = hf_io.to_hf_state_dict(cfg, jax.device_get(params))
+  with ShmPublisher(cfg, dtype) as pub:
+    weights = pub.publish(params, 3)
+    weights.wait(30)
+    version, tensors = shm_weights.read_segment(weights.shm_path, 3)
+    assert os.path.dirname(weights.shm_path) == pub.root and pub.root.startswith("/dev/shm/")
+    assert sorted(os.listdir(pub.model_dir)) == ["config.json", "generation_config.json"]
+  assert version == 3
+  assert list(tensors) == hf_io.hf_names(cfg) == list(reference)  # HF names, HF order
+  want = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+  for name, ref in reference.items():
+    got = tensors[name]
+    assert got.dtype == want and got.shape == ref.shape, name  # HF layout: [out, in]
+    np.testing.assert_array_equal(got, ref.astype(want), err_msg=name)
+  assert pub.latest.nbytes == sum(x.size for x in reference.values()) * want.itemsize
+
+
+def test_publish_returns_after_the_host_copy_and_survives_donation(monkeypatch):
+  """The segment write is held back: publish still returns (the trainer goes on), the handle is
+  not ready, and the params may be deleted (donated) at once; the segment holds them all the same."""
+  params = models.init_params(TINY, jax.random.key(1))
+  reference = hf_io.to_hf_state_dict(TINY, jax.device_get(params))
+  release = threading.Event()
+  fill = shm_weights.Reservation.fill
+
+  def slow_fill(self, *args, **kwargs):
+    assert release.wait(30)
+    return fill(self, *args, **kwargs)
+
+  monkeypatch.setattr(shm_weights.Reservation, "fill", slow_fill)
+  with ShmPublisher(TINY, "float32") as pub:
+    pub.publish(params, 0)  # compiles nothing more later; release it and go on
+    release.set()
+    pub.wait()
+    release.clear()
+    start = time.perf_counter()
+    weights = pub.publish(params, 1)
+    stall = time.perf_counter() - start
+    assert not weights.is_ready()
+    for leaf in jax.tree_util.tree_leaves(params):
+      leaf.delete()  # what the next train step's donation does
+    assert stall < 0.5 and pub.latest.stall_s <= stall
+    assert np.isnan(pub.latest.write_s)
+    release.set()
+    weights.wait(30)
+    assert weights.is_ready() and pub.latest.write_s > 0
+    _, tensors = shm_weights.read_segment(weights.shm_path, 1)
+  for name, ref in reference.items():
+    np.testing.assert_array_equal(tensors[name], ref, err_msg=name)
+
+
+def test_versions_are_tagged_and_newest_slots_never_reused():
+  params = models.init_params(TINY, jax.random.key(0))
+  with ShmPublisher(TINY, "float32", keep=2) as pub:
+    w1 = pub.publish(params, 1)
+    w2 = pub.publish(params, 2)
+    with pytest.raises(ValueError, match="versions must increase"):
+      pub.publish(params, 2)
+    pub.wait()
+    assert w1.shm_path != w2.shm_path
+    # w2's slot is protected (newest); w1's is free: v3 reuses it, and v1 is gone.
+    w3 = pub.publish(params, 3)
+    w3.wait(30)
+    assert w3.shm_path == w1.shm_path
+    with pytest.raises(shm_weights.StaleWeights, match="holds version 3, not 1"):
+      shm_weights.read_segment(w1.shm_path, 1)
+    # A slot being read is never rewritten: with w3's being read, v4 gets a new slot.
+    with shm_weights.SegmentReader(w2.shm_path, 2) as reader:
+      w4 = pub.publish(params, 4)
+      w4.wait(30)
+      assert w4.shm_path not in (w2.shm_path, w3.shm_path)
+      assert reader.version == 2
+    assert shm_weights.read_segment(w4.shm_path, 4)[0] == 4
+    assert Weights(4, shm_path=w4.shm_path, cfg=TINY) == w4  # `ready` is not compared
+    assert w4.portable().ready is None and w4.portable().shm_path == w4.shm_path
+
+
+def test_segments_of_a_killed_run_are_removed_and_a_normal_exit_leaves_none(tmp_path):
+  """A publisher killed with SIGKILL leaves its /dev/shm root behind; the next publisher's
+  default root removes it (its owner lock is free). One that exits without close() removes its
+  own at exit. A live publisher's root is kept."""
+  script = textwrap.dedent(f"""
+      import sys, time
+      sys.path.insert(0, {REPO!r})
+      import jax
+      from jaxreplay import models
+      from jaxreplay.rollout.shm_publisher import ShmPublisher
+      cfg = models.presets.tiny()
+      pub = ShmPublisher(cfg, "float32")
+      pub.publish(models.init_params(cfg, jax.random.key(0)), 0).wait()
+      print(pub.root, flush=True)
+      if sys.argv[1] == "hang":
+        time.sleep(600)
+      """)
+  path = tmp_path / "publisher.py"
+  path.write_text(script)
+  exits = subprocess.run([sys.executable, str(path), "exit"], capture_output=True, text=True,
+                         timeout=300, check=True)
+  assert not os.path.exists(exits.stdout.strip())  # atexit removed it
+  proc = subprocess.Popen([sys.executable, str(path), "hang"], stdout=subprocess.PIPE, text=True)
+  try:
+    root = proc.stdout.readline().strip()
+    assert os.path.isdir(root) and any(n.endswith(".seg") for n in os.listdir(root))
+    assert root not in remove_stale_roots("/dev/shm")  # alive: kept
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert os.path.isdir(root)  # a killed run leaves it
+    with ShmPublisher(TINY, "float32"):  # default_root() clears the dead run's segments first
+      assert not os.path.exists(root)
+  finally:
+    proc.kill()
+    proc.stdout.close()
+
+
+def test_pool_serves_at_the_held_version_until_the_newest_is_written():
+  from concurrent.futures import Future  # pylint: disable=g-import-not-at-top
+  from tests.test_pool import Recorder, check_complete, make_pool  # pylint: disable=g-import-not-at-top
+  rec, workers = Recorder(), {}
+  pool = make_pool(rec, workers, num_workers=1).start()
+  try:
+    pool.wait_ready(10)
+    pending = Future()
+    pool.refresh(Weights(1, shm_path="/dev/shm/none", ready=pending))
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 4)
+    assert workers[0][0].updates == []  # never waited for (nor loaded) the unwritten version
+    assert all(d.policy_version == 0 for d in rec.deliveries)
+    assert pool.metrics()["deferred_refreshes"] >= 4
+    pending.set_result("/dev/shm/none")
+    pool.wait_for_version(1, 10)
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 2)
+    for d in rec.deliveries:
+      check_complete(d)
+    assert rec.deliveries[-1].policy_version == 1
+    pool.raise_if_failed()
+  finally:
+    pool.stop()
+
+
+def test_pool_retries_a_superseded_load_at_the_newest_version():
+  """A worker asked for version 1 whose slot was reused by 4 (the trainer published `keep` newer
+  versions meanwhile) gets StaleWeights from its engine; it must load the newest, not fail."""
+  from tests.test_pool import FakeWorker, Recorder, check_complete  # pylint: disable=g-import-not-at-top
+  rec, workers, pool_box = Recorder(), {}, []
+
+  class Superseded(FakeWorker):
+    def load_weights(self, weights):
+      if weights.version == 1:
+        pool_box[0].refresh(Weights(4, hf_dir="/weights/v4"))  # published while this one loaded
+        raise shm_weights.StaleWeights("slot of version 1 holds version 4")
+      super().load_weights(weights)
+
+  def make_worker(i):
+    workers.setdefault(i, []).append(Superseded(i))
+    return workers[i][-1]
+  pool = WorkerPool(make_worker, 1, rec.source, rec.sink, on_drop=rec.on_drop,
+                    restart_backoff_s=0.01, idle_sleep_s=0.01)
+  pool_box.append(pool)
+  pool.start()
+  try:
+    pool.wait_ready(10)
+    pool.refresh(Weights(1, hf_dir="/weights/v1"))
+    pool.wait_for_version(4, 10)
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 2)
+    for d in rec.deliveries:
+      check_complete(d)
+    assert workers[0][0].updates == [("/weights/v4", 4)]
+    assert rec.deliveries[-1].policy_version == 4
+    assert pool.metrics()["superseded_loads"] == 1
+    pool.raise_if_failed()
+  finally:
+    pool.stop()
+
+
+# ---- vLLM engines -------------------------------------------------------------------------------
+
+PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32)]
+
+
+def _generate_fixed(engine, sampling):
+  """The same requests (same seeds) whatever the engine generated before."""
+  engine._calls = 0  # pylint: disable=protected-access
+  return engine.generate(PROMPTS, 3, sampling)
+
+
+@pytest.mark.slow
+def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
+  require("vllm")
+  from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
+  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
+  sampling = SamplingParams(max_tokens=16)  # temperature 1: log-probs comparable with the JAX forward
+  with ShmPublisher(TINY, "float32", keep=2) as shm, WeightPublisher(root=str(tmp_path)) as files:
+    engine = VllmEngine(shm.model_dir, weights_pending=True, max_model_len=128, max_num_seqs=32)
+    try:
+      with pytest.raises(RuntimeError, match="weights_pending"):
+        engine.generate(PROMPTS, 1, sampling)
+      phases = engine.load_weights(shm.publish(params[0], 0))
+      assert phases["bytes"] == shm.latest.nbytes and phases["repack_s"] <= phases["load_s"]
+      assert logprob_diffs(_generate_fixed(engine, sampling), params[0]).max() < 1e-3
+      engine.load_weights(Weights(1, hf_dir=files.publish(TINY, params[1], 1)))
+      by_file = _generate_fixed(engine, sampling)
+      engine.load_weights(shm.publish(params[0], 2))  # away and back: a real refresh
+      engine.load_weights(shm.publish(params[1], 3))
+      by_shm = _generate_fixed(engine, sampling)
+      assert all(g.policy_version == 1 for g in by_file) and all(g.policy_version == 3 for g in by_shm)
+      for a, b in zip(by_file, by_shm):
+        for ca, cb in zip(a.completions, b.completions):
+          np.testing.assert_array_equal(ca.tokens, cb.tokens)
+          np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-6)
+      assert logprob_diffs(by_shm, params[1]).max() < 1e-3
+      # A superseded segment is refused and the engine keeps the weights it had.
+      stale = Weights(2, shm_path=shm.history[-2].shm_path)
+      shm.publish(params[0], 4).wait(30)
+      shm.publish(params[0], 5).wait(30)
+      assert shm_weights.read_segment(stale.shm_path)[0] == 4  # keep=2: v2's slot went to v4
+      with pytest.raises(shm_weights.StaleWeights, match="holds version 4, not 2"):
+        engine.load_weights(stale)
+      assert engine.policy_version == 3
+      chex.assert_trees_all_close(
+          [c.logprobs for g in _generate_fixed(engine, sampling) for c in g.completions],
+          [c.logprobs for g in by_shm for c in g.completions], atol=1e-6)
+    finally:
+      engine.close()
+
+
+@pytest.mark.slow
+def test_worker_process_through_the_rollout_backend_uses_shm():
+  """`RolloutBackend` (vllm, transport shm): the worker process starts from the config-only dir,
+  loads the published segment, and a refresh after the trainer's params changed lands."""
+  require("vllm")
+  from jaxreplay import config_defaults, workers  # pylint: disable=g-import-not-at-top
+  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  c = config_defaults.base_config()
+  c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32
+  assert c.rollout.weight_transport == "shm"
+  params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
+  backend = workers.RolloutBackend(c, TINY, stop_ids=(2,))
+  worker = None
+  try:
+    w0 = backend.publish(params[0], 0)
+    assert w0.hf_dir is None and w0.shm_path is not None
+    worker = backend.make_worker(0, w0)
+    assert worker.policy_version == 0
+    groups = worker.generate(PROMPTS, 2, SamplingParams(max_tokens=12))
+    assert all(g.policy_version == 0 for g in groups)
+    assert logprob_diffs(groups, params[0]).max() < 1e-3
+    phases = worker.load_weights(backend.publish(params[1], 1))
+    assert set(phases) >= {"load_s", "repack_s", "finalize_s", "total_s"}
+    groups = worker.generate(PROMPTS, 2, SamplingParams(max_tokens=12))
+    assert all(g.policy_version == 1 for g in groups)
+    assert logprob_diffs(groups, params[1]).max() < 1e-3
+    root = backend.publisher.root
+  finally:
+    if worker is not None:
+      worker.close(timeout_s=30)
+    backend.close()
+  assert not os.path.exists(root)
