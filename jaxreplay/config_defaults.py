@@ -108,6 +108,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
                                      # nonfinite_skipped); this many in a row stop the run
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
+  c.trainer.logprob_remat = "auto"  # recompute each chunk's logits in the backward: auto (only with
+                                   # >= 2 chunks, i.e. T > logprob_chunk) | always (the behaviour
+                                   # before issue 13) | never (keeps [B, T, V] logits); same values
+  c.trainer.log_entropy = True     # the train step's "entropy" metric (mean next-token entropy over
+                                   # completion tokens; one more pass over each logits chunk)
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
   c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
                                    # the fewest token slots); same loss and gradients, less padding

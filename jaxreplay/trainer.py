@@ -282,11 +282,18 @@ def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Arra
   return {key: combine[_aux_kind(key)](v) for key, v in aux.items()}
 
 
+def step_options(trainer_config: Any) -> dict:
+  """`make_train_step`'s keyword options from the config's `trainer` section (config_defaults):
+  compute_entropy (`trainer.log_entropy`) and logprob_remat (`trainer.logprob_remat`)."""
+  return {"compute_entropy": bool(trainer_config.get("log_entropy", True)),
+          "logprob_remat": str(trainer_config.get("logprob_remat", "auto"))}
+
+
 def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
                     loss_fn: LossFn, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
                     chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
                     compute_entropy: bool = True, donate: bool = True,
-                    skip_nonfinite: bool = True):
+                    skip_nonfinite: bool = True, logprob_remat: str = "auto"):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
   loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
@@ -296,6 +303,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
   learning_rate_fn: the optimizer's schedule (`optim.make_schedule(...)`), for the learning_rate metric.
   compute_entropy: report the mean next-token entropy over completion tokens (costs one extra pass
     over each logits chunk).
+  logprob_remat: `token_logprobs`'s remat of the LM-head chunks ("auto" | "always" | "never").
   skip_nonfinite: when the loss, the gradient norm or the updated parameters' norm is NaN/inf, keep
     the old params and optimizer state (the step counter and rng still advance) and report
     `nonfinite_skipped` = 1; the caller decides when too many skips stop the run
@@ -319,7 +327,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     """Loss of one (micro-)batch and its statistics."""
     out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
                                       mb.segment_ids, chunk_size=chunk_size,
-                                      return_entropy=compute_entropy)
+                                      return_entropy=compute_entropy, remat=logprob_remat)
     lp, ent = out if compute_entropy else (out, None)
     ref_lp = None
     if ref_params is not None:

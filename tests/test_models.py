@@ -302,6 +302,31 @@ def test_token_logprobs_chunked():
       "the shape check must see the full-logits path"
 
 
+@pytest.mark.parametrize("t", [5, 13])  # one chunk (T <= chunk 8), two chunks
+def test_token_logprobs_remat_modes(t):
+  """remat auto / always / never give the same log-probs, entropies and gradients; "auto"
+  checkpoints the LM head only when there are two or more chunks."""
+  cfg, _, params = setup("qwen3_untied_mha")
+  tokens = jnp.asarray(random_tokens(cfg, (2, t), seed=11))
+  targets = jnp.asarray(random_tokens(cfg, (2, t), seed=12))
+
+  def loss(p, remat):
+    lp, ent = logprobs.token_logprobs(cfg, p, tokens, targets, chunk_size=8, return_entropy=True,
+                                      remat=remat)
+    return jnp.sum(lp * jnp.cos(jnp.arange(t))) + 0.1 * jnp.sum(ent), (lp, ent)
+
+  out = {m: jax.jit(jax.value_and_grad(functools.partial(loss, remat=m), has_aux=True))(params)
+         for m in logprobs.REMAT_MODES}
+  for m in ("always", "never"):
+    chex.assert_trees_all_close(out[m], out["auto"], atol=1e-6, rtol=1e-6)
+  text = lambda m: str(jax.make_jaxpr(jax.grad(lambda p: loss(p, m)[0]))(params))
+  assert "checkpoint" in text("always") or "remat" in text("always")
+  assert "checkpoint" not in text("never") and "remat" not in text("never")
+  assert (("checkpoint" in text("auto") or "remat" in text("auto")) == (t > 8))
+  with pytest.raises(ValueError, match="remat"):
+    logprobs.token_logprobs(cfg, params, tokens, targets, remat="sometimes")
+
+
 def test_token_logprobs_errors():
   cfg, _, params = setup("qwen3_untied_mha")
   tokens = jnp.zeros((1, 4), jnp.int32)
