@@ -58,6 +58,9 @@ def validate_config(c) -> None:
   if c.trainer.get("logprob_remat", "auto") not in models.logprobs.REMAT_MODES:
     errors.append(f"trainer.logprob_remat={c.trainer.logprob_remat!r}: expected one of "
                   f"{models.logprobs.REMAT_MODES}")
+  if c.trainer.get("nonfinite_check", "grads") not in trainer.NONFINITE_CHECKS:
+    errors.append(f"trainer.nonfinite_check={c.trainer.nonfinite_check!r}: expected one of "
+                  f"{trainer.NONFINITE_CHECKS}")
   if c.trainer.loss not in algorithms.ALGORITHMS:
     errors.append(f"trainer.loss={c.trainer.loss!r}: expected one of "
                   f"{tuple(algorithms.ALGORITHMS)}")
@@ -309,7 +312,7 @@ def load_codec(c, task, workdir: str):
 def model_config(c, codec) -> models.ModelConfig:
   """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
-                   attention=c.model.attention)
+                   attention=c.model.attention, scan_unroll=c.model.get("scan_unroll", 0))
   if c.model.path:
     model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
   else:

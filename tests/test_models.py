@@ -352,6 +352,23 @@ def test_remat_same_logits():
   assert "checkpoint" not in text(cfg) and "remat" not in text(cfg)
 
 
+def test_scan_unroll_same_logits():
+  """scan_unroll 1 (rolled), 2 and 0 (auto: all layers when <= 4) give the same logits and grads."""
+  cfg, _, params = setup("llama3_scaled")
+  tokens = jnp.asarray(random_tokens(cfg, (2, 16), seed=13))
+  assert cfg.replace(scan_unroll=0).layer_unroll == min(cfg.num_hidden_layers, 4) or \
+      cfg.num_hidden_layers > 4
+  assert cfg.replace(scan_unroll=1).layer_unroll == 1
+  loss = lambda c, p: jnp.sum(jnp.sin(apply(c, p, tokens)))
+  ref = jax.value_and_grad(loss, argnums=1)(cfg.replace(scan_unroll=1), params)
+  for k in (0, 2):
+    chex.assert_trees_all_close(jax.value_and_grad(loss, argnums=1)(cfg.replace(scan_unroll=k),
+                                                                    params),
+                                ref, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="scan_unroll"):
+    cfg.replace(scan_unroll=-1)
+
+
 # ---- parameters ---------------------------------------------------------------------------------
 
 def test_param_tree_layout():

@@ -299,7 +299,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
   if cfg.remat:
     layer = jax.checkpoint(layer, prevent_cse=False)
-  x, _ = jax.lax.scan(layer, embed(cfg, params, tokens), params["layers"])
+  x, _ = jax.lax.scan(layer, embed(cfg, params, tokens), params["layers"], unroll=cfg.layer_unroll)
   return rms_norm(x, params["norm"], cfg.rms_norm_eps)
 
 
