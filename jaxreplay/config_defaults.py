@@ -29,7 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"
   c.model.remat = False
   c.model.scan_unroll = 0          # layers per iteration of the layer scan: 0 = auto (all of them up
-                                   # to 4 layers, else 1) | 1 (a rolled loop: before issue 13) | k
+                                   # to 4 layers without remat, else 1) | 1 (a rolled loop: before
+                                   # issue 13) | k
   c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
                                    # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts

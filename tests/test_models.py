@@ -359,6 +359,7 @@ def test_scan_unroll_same_logits():
   assert cfg.replace(scan_unroll=0).layer_unroll == min(cfg.num_hidden_layers, 4) or \
       cfg.num_hidden_layers > 4
   assert cfg.replace(scan_unroll=1).layer_unroll == 1
+  assert cfg.replace(scan_unroll=0, remat=True).layer_unroll == 1  # remat keeps the rolled loop
   loss = lambda c, p: jnp.sum(jnp.sin(apply(c, p, tokens)))
   ref = jax.value_and_grad(loss, argnums=1)(cfg.replace(scan_unroll=1), params)
   for k in (0, 2):

@@ -82,11 +82,15 @@ class ModelConfig:
   @property
   def layer_unroll(self) -> int:
     """Layers per iteration of the forward's `lax.scan`: `scan_unroll`, or with 0 (auto) all of
-    them when there are at most AUTO_UNROLL_LAYERS (small models: the loop's per-iteration overhead
-    and the fusion it blocks cost ~15-25% of a CPU train step), else 1 (compile time stays flat)."""
+    them when there are at most AUTO_UNROLL_LAYERS and no remat (small models: the loop's
+    per-iteration overhead and the fusion it blocks cost ~15-25% of a CPU train step), else 1
+    (compile time stays flat; under remat the rolled loop is what bounds the recomputed layers'
+    live memory: unrolled, XLA kept ~1.7x the temp bytes in tests/test_memory_plan.py)."""
     if self.scan_unroll:
       return min(self.scan_unroll, self.num_hidden_layers)
-    return self.num_hidden_layers if self.num_hidden_layers <= AUTO_UNROLL_LAYERS else 1
+    if self.remat or self.num_hidden_layers > AUTO_UNROLL_LAYERS:
+      return 1
+    return self.num_hidden_layers
 
   @property
   def compute_dtype(self):
