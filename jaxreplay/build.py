@@ -55,6 +55,12 @@ def validate_config(c) -> None:
     errors.append(f"rollout.backend={c.rollout.backend!r}: expected one of {BACKENDS}")
   if c.task.name not in TASKS:
     errors.append(f"task.name={c.task.name!r}: expected one of {TASKS}")
+  if c.trainer.get("logprob_remat", "auto") not in models.logprobs.REMAT_MODES:
+    errors.append(f"trainer.logprob_remat={c.trainer.logprob_remat!r}: expected one of "
+                  f"{models.logprobs.REMAT_MODES}")
+  if c.trainer.get("nonfinite_check", "grads") not in trainer.NONFINITE_CHECKS:
+    errors.append(f"trainer.nonfinite_check={c.trainer.nonfinite_check!r}: expected one of "
+                  f"{trainer.NONFINITE_CHECKS}")
   if c.trainer.loss not in algorithms.ALGORITHMS:
     errors.append(f"trainer.loss={c.trainer.loss!r}: expected one of "
                   f"{tuple(algorithms.ALGORITHMS)}")
@@ -311,7 +317,7 @@ def load_codec(c, task, workdir: str):
 def model_config(c, codec) -> models.ModelConfig:
   """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
-                   attention=c.model.attention)
+                   attention=c.model.attention, scan_unroll=c.model.get("scan_unroll", 0))
   if c.model.path:
     model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
   else:
@@ -419,7 +425,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
-                                       chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn)
+                                       chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
+                                       **trainer.step_options(t))
   logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
 
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),

@@ -28,6 +28,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
   c.model.param_dtype = "float32"
   c.model.remat = False
+  c.model.scan_unroll = 0          # layers per iteration of the layer scan: 0 = auto (all of them up
+                                   # to 4 layers without remat, else 1) | 1 (a rolled loop: before
+                                   # issue 13) | k
   c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
                                    # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
@@ -113,7 +116,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.num_microbatches = 1
   c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
                                      # nonfinite_skipped); this many in a row stop the run
+  c.trainer.nonfinite_check = "grads"  # what decides a skip: grads (loss and gradient norm, before
+                                   # the update) | updated (also the updated params' norm: one more
+                                   # pass over params and Adam state; the behaviour before issue 13)
   c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
+  c.trainer.logprob_remat = "auto"  # recompute each chunk's logits in the backward: auto (only with
+                                   # >= 2 chunks, i.e. T > logprob_chunk) | always (the behaviour
+                                   # before issue 13) | never (keeps [B, T, V] logits); same values
+  c.trainer.log_entropy = True     # the train step's "entropy" metric (mean next-token entropy over
+                                   # completion tokens; one more pass over each logits chunk)
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
   c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
                                    # the fewest token slots); same loss and gradients, less padding

@@ -302,6 +302,31 @@ def test_token_logprobs_chunked():
       "the shape check must see the full-logits path"
 
 
+@pytest.mark.parametrize("t", [5, 13])  # one chunk (T <= chunk 8), two chunks
+def test_token_logprobs_remat_modes(t):
+  """remat auto / always / never give the same log-probs, entropies and gradients; "auto"
+  checkpoints the LM head only when there are two or more chunks."""
+  cfg, _, params = setup("qwen3_untied_mha")
+  tokens = jnp.asarray(random_tokens(cfg, (2, t), seed=11))
+  targets = jnp.asarray(random_tokens(cfg, (2, t), seed=12))
+
+  def loss(p, remat):
+    lp, ent = logprobs.token_logprobs(cfg, p, tokens, targets, chunk_size=8, return_entropy=True,
+                                      remat=remat)
+    return jnp.sum(lp * jnp.cos(jnp.arange(t))) + 0.1 * jnp.sum(ent), (lp, ent)
+
+  out = {m: jax.jit(jax.value_and_grad(functools.partial(loss, remat=m), has_aux=True))(params)
+         for m in logprobs.REMAT_MODES}
+  for m in ("always", "never"):
+    chex.assert_trees_all_close(out[m], out["auto"], atol=1e-6, rtol=1e-6)
+  text = lambda m: str(jax.make_jaxpr(jax.grad(lambda p: loss(p, m)[0]))(params))
+  assert "checkpoint" in text("always") or "remat" in text("always")
+  assert "checkpoint" not in text("never") and "remat" not in text("never")
+  assert (("checkpoint" in text("auto") or "remat" in text("auto")) == (t > 8))
+  with pytest.raises(ValueError, match="remat"):
+    logprobs.token_logprobs(cfg, params, tokens, targets, remat="sometimes")
+
+
 def test_token_logprobs_errors():
   cfg, _, params = setup("qwen3_untied_mha")
   tokens = jnp.zeros((1, 4), jnp.int32)
@@ -325,6 +350,24 @@ def test_remat_same_logits():
   text = lambda c: str(jax.make_jaxpr(lambda p: transformer.hidden_states(c, p, tokens))(params))
   assert "checkpoint" in text(remat) or "remat" in text(remat)
   assert "checkpoint" not in text(cfg) and "remat" not in text(cfg)
+
+
+def test_scan_unroll_same_logits():
+  """scan_unroll 1 (rolled), 2 and 0 (auto: all layers when <= 4) give the same logits and grads."""
+  cfg, _, params = setup("llama3_scaled")
+  tokens = jnp.asarray(random_tokens(cfg, (2, 16), seed=13))
+  assert cfg.replace(scan_unroll=0).layer_unroll == min(cfg.num_hidden_layers, 4) or \
+      cfg.num_hidden_layers > 4
+  assert cfg.replace(scan_unroll=1).layer_unroll == 1
+  assert cfg.replace(scan_unroll=0, remat=True).layer_unroll == 1  # remat keeps the rolled loop
+  loss = lambda c, p: jnp.sum(jnp.sin(apply(c, p, tokens)))
+  ref = jax.value_and_grad(loss, argnums=1)(cfg.replace(scan_unroll=1), params)
+  for k in (0, 2):
+    chex.assert_trees_all_close(jax.value_and_grad(loss, argnums=1)(cfg.replace(scan_unroll=k),
+                                                                    params),
+                                ref, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="scan_unroll"):
+    cfg.replace(scan_unroll=-1)
 
 
 # ---- parameters ---------------------------------------------------------------------------------

@@ -459,6 +459,23 @@ def test_nonfinite_update_is_skipped_and_counted(data):
   assert int(after.step) == int(before.step) + 1
   assert trainer.all_finite(new_state.params)
   assert not trainer.all_finite({"w": jnp.array([1.0, jnp.inf]), "i": jnp.array([1, 2])})
+
+  # nonfinite_check="updated" (the select after the update): the same update on the finite batch,
+  # the same skip on the NaN one.
+  mesh1 = _mesh((1, 1, 1))
+  checked = trainer.make_train_step(CFG, _optimizer(), data["loss_fn"], mesh1, shardings,
+                                    chunk_size=CHUNK, learning_rate_fn=optim.make_schedule(LR),
+                                    nonfinite_check="updated")
+  fresh = lambda: jax.device_put(jax.tree.map(np.copy, data["before"]), shardings)
+  got, got_metrics = checked(fresh(), data["batch"])
+  chex.assert_trees_all_close(_host(got).params, data["after_host"].params, rtol=1e-6, atol=1e-8)
+  assert _host(got_metrics)["nonfinite_skipped"] == 0.0
+  got, got_metrics = checked(fresh(), bad)
+  assert _host(got_metrics)["nonfinite_skipped"] == 1.0
+  chex.assert_trees_all_equal(_host(got).params, data["before"].params)
+  with pytest.raises(ValueError, match="nonfinite_check"):
+    trainer.make_train_step(CFG, _optimizer(), data["loss_fn"], mesh1, shardings,
+                            nonfinite_check="never")
   assert trainer.all_finite({"i": jnp.array([1, 2])})  # integer leaves are always finite
 
 

@@ -24,6 +24,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 # The attention kernels of `transformer.attention` (config key model.attention): "auto" is cuDNN
 # flash attention on GPU in 16-bit compute, else XLA's; "einsum" is the reference implementation.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "einsum")
+AUTO_UNROLL_LAYERS = 4  # scan_unroll=0 unrolls the layer scan fully up to this many layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   attention: str = "auto"
+  scan_unroll: int = 0  # layers per iteration of the layer scan; 0 = auto (`layer_unroll`)
 
   def __post_init__(self):
     if self.model_type not in ARCHITECTURES:
@@ -67,12 +69,28 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+    if self.scan_unroll < 0:
+      raise ValueError(f"scan_unroll={self.scan_unroll} (config model.scan_unroll): expected >= 0 "
+                       "(0 = auto, 1 = a rolled loop over the layers, k = k layers per iteration)")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"attention={self.attention!r} (config model.attention): expected one of "
                        f"{ATTENTION_IMPLEMENTATIONS}")
     if self.attention == "cudnn" and self.dtype == "float32":
       raise ValueError("attention='cudnn' needs 16-bit compute (cuDNN flash attention has no float32 "
                        "kernel): set model.dtype='bfloat16', or model.attention='auto' / 'xla'")
+
+  @property
+  def layer_unroll(self) -> int:
+    """Layers per iteration of the forward's `lax.scan`: `scan_unroll`, or with 0 (auto) all of
+    them when there are at most AUTO_UNROLL_LAYERS and no remat (small models: the loop's
+    per-iteration overhead and the fusion it blocks cost ~15-25% of a CPU train step), else 1
+    (compile time stays flat; under remat the rolled loop is what bounds the recomputed layers'
+    live memory: unrolled, XLA kept ~1.7x the temp bytes in tests/test_memory_plan.py)."""
+    if self.scan_unroll:
+      return min(self.scan_unroll, self.num_hidden_layers)
+    if self.remat or self.num_hidden_layers > AUTO_UNROLL_LAYERS:
+      return 1
+    return self.num_hidden_layers
 
   @property
   def compute_dtype(self):

@@ -112,10 +112,24 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def _matmul_2d(x: jax.Array, kernel: jax.Array, contract_kernel_dim: int) -> jax.Array:
+  """x [..., K] @ kernel (contracted on `contract_kernel_dim`, 0: [K, N], 1: [N, K]) -> float32 [..., N].
+
+  The leading axes are flattened into one before the dot: a rank-2 dot_general (and its two
+  rank-2 gradients) maps onto the backend's GEMM, while XLA's CPU backend runs the gradient of a
+  dot with two or more free axes (`einsum("bti,io->bto")`: the kernel gradient contracts over b
+  and t) 3-4x slower (measured: bench/bench_train_step.py, README "Train step vs the PyTorch peer").
+  """
+  lead = x.shape[:-1]
+  y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel,
+                          (((1,), (contract_kernel_dim,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+  return y.reshape(*lead, y.shape[-1])
+
+
 def _dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """x [..., in] @ kernel [in, out] in x.dtype with float32 accumulation."""
-  y = jnp.einsum("...i,io->...o", x, kernel.astype(x.dtype), preferred_element_type=jnp.float32)
-  return y.astype(x.dtype)
+  return _matmul_2d(x, kernel.astype(x.dtype), 0).astype(x.dtype)
 
 
 def attention_mask(segment_ids: jax.Array) -> jax.Array:
@@ -246,10 +260,8 @@ def lm_head(cfg: ModelConfig, params: Params, h: jax.Array) -> jax.Array:
   """Final-normed hidden [..., D] -> float32 logits [..., V] (tied: embed_tokens transposed)."""
   dtype = h.dtype
   if cfg.tie_word_embeddings:
-    return jnp.einsum("...d,vd->...v", h, params["embed_tokens"].astype(dtype),
-                      preferred_element_type=jnp.float32)
-  return jnp.einsum("...d,dv->...v", h, params["lm_head"].astype(dtype),
-                    preferred_element_type=jnp.float32)
+    return _matmul_2d(h, params["embed_tokens"].astype(dtype), 1)
+  return _matmul_2d(h, params["lm_head"].astype(dtype), 0)
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -287,7 +299,7 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
   if cfg.remat:
     layer = jax.checkpoint(layer, prevent_cse=False)
-  x, _ = jax.lax.scan(layer, embed(cfg, params, tokens), params["layers"])
+  x, _ = jax.lax.scan(layer, embed(cfg, params, tokens), params["layers"], unroll=cfg.layer_unroll)
   return rms_norm(x, params["norm"], cfg.rms_norm_eps)
 
 
