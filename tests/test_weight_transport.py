@@ -54,6 +54,20 @@ def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype):
   assert pub.latest.nbytes == sum(x.size for x in reference.values()) * want.itemsize
 
 
+@pytest.mark.parametrize("shape", [(130, 70), (64, 3), (1, 200), (200, 1)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_copy_transposes_in_slabs_exactly(shape, dtype):
+  """The slab-blocked transpose equals numpy's `.T` (row counts off the slab size, casts)."""
+  src = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+  want = np.ascontiguousarray(src.T).astype(shm_weights.DTYPES[dtype])
+  dst = np.empty(tuple(reversed(shape)), shm_weights.DTYPES[dtype])
+  shm_weights.default_copy(dst, src, transpose=True)
+  np.testing.assert_array_equal(dst.view(np.uint8), want.view(np.uint8))
+  flat = np.empty(shape, np.float32)
+  shm_weights.default_copy(flat, src, transpose=False)
+  np.testing.assert_array_equal(flat, src)
+
+
 def test_publish_returns_after_the_host_copy_and_survives_donation(monkeypatch):
   """The segment write is held back: publish still returns (the trainer goes on), the handle is
   not ready, and the params may be deleted (donated) at once; the segment holds them all the same."""
