@@ -34,7 +34,7 @@ from jaxreplay.models import layout
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.rollout import shm_weights
 from jaxreplay.rollout.base import Weights
-from jaxreplay.rollout.weight_sync import claim_root
+from jaxreplay.rollout.weight_sync import claim_root, release_root
 
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
 
@@ -131,11 +131,8 @@ class ShmPublisher:
     self._executor.shutdown(wait=True)
     self._ring.remove()
     shutil.rmtree(self.model_dir, ignore_errors=True)
-    if self._owner_fd is not None:
-      os.close(self._owner_fd)
-      self._owner_fd = None
-    if self._owns_root:
-      shutil.rmtree(self.root, ignore_errors=True)
+    release_root(self.root, self._owns_root, self._owner_fd)
+    self._owner_fd = None
 
   def __enter__(self) -> "ShmPublisher":
     return self

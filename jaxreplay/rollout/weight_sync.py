@@ -129,6 +129,14 @@ def claim_root(root: Optional[str]) -> tuple[str, bool, Optional[int]]:
   return root, owns, owner_fd
 
 
+def release_root(root: str, owns: bool, owner_fd: Optional[int]) -> None:
+  """Undoes `claim_root`: drops the owner lock and removes the root when the publisher owns it."""
+  if owner_fd is not None:
+    os.close(owner_fd)
+  if owns:
+    shutil.rmtree(root, ignore_errors=True)
+
+
 class WeightPublisher:
   """Writes successive parameter versions as HF directories `root/v{version}`.
 
@@ -201,11 +209,8 @@ class WeightPublisher:
       for record in self._published:
         shutil.rmtree(record.hf_dir, ignore_errors=True)
       self._published.clear()
-      if self._owner_fd is not None:
-        os.close(self._owner_fd)
-        self._owner_fd = None
-      if self._owns_root:
-        shutil.rmtree(self.root, ignore_errors=True)
+      release_root(self.root, self._owns_root, self._owner_fd)
+      self._owner_fd = None
 
   def __enter__(self) -> "WeightPublisher":
     return self
