@@ -82,7 +82,31 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
       lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Compute to a target is read only between two real evaluation points that "
               "bracket it; a seed that never reaches it counts as infinite in the median.", ""]
+    if sweep.get("figure") == "pareto":
+      lines += frontier_table(sweep, targets)
   return lines
+
+
+def frontier_table(sweep: dict[str, Any], targets: Sequence[float]) -> list[str]:
+  """Fig. 4's frontier: per seed the best arm of each family (replay, on-policy) to each target."""
+  families = {a: spec.get("family") or a for a, spec in sweep["arms"].items()}
+  if not {"replay", "onpolicy"} <= set(families.values()):
+    return []
+  fr = stats_lib.frontier_ratios(sweep["summary"]["arms"], families, targets, "replay", "onpolicy")
+  lines = ["Frontier (Fig. 4): per seed, the least compute any arm of a family needs to reach the "
+           "target (its best learning rate for that seed); ratio = replay / on-policy, geometric "
+           "mean over seeds [95% bootstrap interval].", "",
+           "| target pass@1 | on-policy frontier per seed | replay frontier per seed | replay / on-policy | best arms (on-policy; replay) |",
+           "|---|---|---|---|---|"]
+  for key, f in fr.items():
+    r = f["ratio"]
+    ratio = ("-" if r["geomean"] is None else
+             f"{r['geomean']:.2f} [{_f(r['ci95'][0], 2)}, {_f(r['ci95'][1], 2)}] (n={r['n']})")
+    seeds = lambda v: ", ".join("never" if x is None else f"{x:.0f}" for x in v)  # noqa: E731
+    lines.append(f"| {key} | {seeds(f['onpolicy'])} | {seeds(f['replay'])} | {ratio} | "
+                 f"{', '.join(str(a) for a in f['arms']['onpolicy'])}; "
+                 f"{', '.join(str(a) for a in f['arms']['replay'])} |")
+  return lines + [""]
 
 
 def report(results: dict[str, Any]) -> str:

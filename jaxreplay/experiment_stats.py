@@ -267,3 +267,54 @@ def sweep_summary(curves: Mapping[str, Mapping[int, Sequence[Row]]],
                                 **paired_summary(points[a], points[b], metrics, len(grid))}
   return {"grid": [float(g) for g in grid], "metrics": metrics,
           "targets": [float(t) for t in targets], "arms": arms}
+
+
+def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str, str],
+                    targets: Sequence[float], numerator: str, denominator: str
+                    ) -> dict[str, dict[str, Any]]:
+  """Fig. 4's Pareto reading: per target and seed, the least compute any arm of a family needs to
+  reach it (the family's frontier, e.g. the best learning rate of each seed), and the ratio of the
+  two families' frontiers.
+
+  Args:
+    arms: `sweep_summary(...)["arms"]` (each with compute_to_target[target]["values"] per seed).
+    families: arm name -> family ("onpolicy", "replay").
+    targets: the pass@1 targets.
+    numerator, denominator: the two families (ratio = numerator / denominator).
+  Returns:
+    target key ("0.307") -> {numerator: per-seed compute, denominator: per-seed compute ("inf"
+    never reached), "ratio": geometric mean of the per-seed ratios with a bootstrap interval
+    (computed in log space; seeds where either never reaches the target are left out), "arms":
+    the arm that reached the target first per seed, per family}.
+  """
+  out = {}
+  for t in targets:
+    key = f"{t:.3f}"
+    best: dict[str, list[float]] = {}
+    best_arm: dict[str, list[Optional[str]]] = {}
+    for family in (numerator, denominator):
+      members = [a for a, f in families.items() if f == family and a in arms]
+      seeds = max((len(arms[a]["compute_to_target"].get(key, {}).get("values", [])) for a in members),
+                  default=0)
+      best[family], best_arm[family] = [], []
+      for s in range(seeds):
+        cands = []
+        for a in members:
+          values = arms[a]["compute_to_target"].get(key, {}).get("values", [])
+          v = values[s] if s < len(values) else None
+          if v is not None:
+            cands.append((float(v), a))
+        c, a = min(cands) if cands else (math.inf, None)
+        best[family].append(c)
+        best_arm[family].append(a)
+    logs = [math.log(n / d) for n, d in zip(best[numerator], best[denominator])
+            if math.isfinite(n) and math.isfinite(d)]
+    p = paired(logs)
+    lo, hi = p["ci95"]
+    ratio = {"n": p["n"], "geomean": math.exp(p["mean"]) if logs else None,
+             "ci95": [math.exp(lo) if lo is not None else None,
+                      math.exp(hi) if hi is not None else None]}
+    out[key] = {numerator: [json_number(x) for x in best[numerator]],
+                denominator: [json_number(x) for x in best[denominator]],
+                "ratio": ratio, "arms": best_arm}
+  return out

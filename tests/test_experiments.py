@@ -331,3 +331,19 @@ def test_theorem45_vs_sweep_on_fake_sync_grid(tmp_path):
   path = str(tmp_path / "t45.png")
   t45.plot(cells, preds, b, t45.best(cells, "mean_over_grid"), 0.2, path)
   assert os.path.getsize(path) > 10000
+
+
+def test_frontier_ratios_take_each_seeds_best_arm_per_family():
+  def arm(*values):
+    return {"compute_to_target": {"0.300": {"values": list(values)}}}
+  arms = {"on_a": arm(100.0, 300.0, None), "on_b": arm(200.0, 150.0, 400.0),
+          "re_a": arm(150.0, None, None), "re_b": arm(None, 300.0, None)}
+  families = {"on_a": "onpolicy", "on_b": "onpolicy", "re_a": "replay", "re_b": "replay"}
+  fr = st.frontier_ratios(arms, families, [0.3], "replay", "onpolicy")["0.300"]
+  assert fr["onpolicy"] == [100.0, 150.0, 400.0]
+  assert fr["replay"] == [150.0, 300.0, None]  # seed 2: no replay arm reaches it
+  assert fr["arms"] == {"onpolicy": ["on_a", "on_b", "on_b"], "replay": ["re_a", "re_b", None]}
+  assert fr["ratio"]["n"] == 2
+  np.testing.assert_allclose(fr["ratio"]["geomean"], np.sqrt(1.5 * 2.0))
+  lo, hi = fr["ratio"]["ci95"]
+  assert 1.5 - 1e-9 <= lo <= fr["ratio"]["geomean"] <= hi <= 2.0 + 1e-9
