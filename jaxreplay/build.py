@@ -38,7 +38,7 @@ from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.tasks import arithmetic as arithmetic_lib
 from jaxreplay.tasks import prompt_check
-from jaxreplay.workers import VLLM_DTYPES, WEIGHT_TRANSPORTS, RolloutBackend
+from jaxreplay.workers import PLACEMENTS, VLLM_DTYPES, WEIGHT_TRANSPORTS, RolloutBackend
 
 BACKENDS = ("jax", "vllm", "auto")
 SCHEDULES = ("simulated", "sync", "async")
@@ -230,6 +230,40 @@ def _rollout_errors(r, model_max_len: int) -> list[str]:
   if r.weight_transport not in WEIGHT_TRANSPORTS:
     errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
                   f"{WEIGHT_TRANSPORTS} (shm: shared memory, file: an HF directory per refresh)")
+  return errors + _ray_errors(r)
+
+
+def _ray_errors(r) -> list[str]:
+  """The rollout.placement and rollout.ray_* keys (see config_defaults). `rollout.ray_workers`
+  (which imports Ray) is imported only when placement is "ray"; the address is checked for its
+  form here, whether it answers at build (`ray_workers.connect`)."""
+  errors = []
+  placement = r.get("placement", "local")
+  if placement not in PLACEMENTS:
+    errors.append(f"rollout.placement={placement!r}: expected one of {PLACEMENTS} (local: this "
+                  "machine's processes, ray: Ray actors)")
+  if placement != "ray":
+    return errors
+  if importlib.util.find_spec("ray") is None:
+    return errors + ["rollout.placement='ray' but Ray is not installed: `pip install -e "
+                     "'.[ray]'`, or set --config.rollout.placement=local"]
+  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  if r.ray_placement_strategy not in ray_workers.STRATEGIES:
+    errors.append(f"rollout.ray_placement_strategy={r.ray_placement_strategy!r}: expected one of "
+                  f"{ray_workers.STRATEGIES} (PACK: as few nodes as possible, SPREAD: across "
+                  "nodes; STRICT_PACK / STRICT_SPREAD: all on one node / each on its own, or fail)")
+  if not r.ray_num_cpus_per_worker > 0:
+    errors.append(f"rollout.ray_num_cpus_per_worker={r.ray_num_cpus_per_worker} must be > 0 "
+                  "(CPUs reserved per worker actor; fractions such as 0.5 are allowed)")
+  if r.ray_num_gpus_per_worker < 0 and r.ray_num_gpus_per_worker != -1:
+    errors.append(f"rollout.ray_num_gpus_per_worker={r.ray_num_gpus_per_worker}: expected -1 "
+                  "(auto: vllm_tensor_parallel_size on a GPU machine, else 0) or a count >= 0")
+  if r.ray_max_restarts < -1:
+    errors.append(f"rollout.ray_max_restarts={r.ray_max_restarts} must be >= 0 (restarts per "
+                  "worker actor) or -1 (no limit)")
+  problem = ray_workers.check_address(str(r.ray_address))
+  if problem:
+    errors.append(problem)
   return errors
 
 

@@ -85,6 +85,20 @@ def base_config() -> ml_collections.ConfigDict:
                                    # vLLM's weight-transfer API) | file (an HF safetensors dir per
                                    # refresh); JAX samplers always get device arrays
   c.rollout.sampler_batch_size = 64
+  c.rollout.placement = "local"    # where workers run: local (this process / child processes of
+                                   # this machine) | ray (Ray actors; weights through Ray's object
+                                   # store; needs the `ray` extra)
+  c.rollout.ray_address = ""       # placement ray: "" starts a local Ray instance in this process;
+                                   # "auto" (the cluster `ray start` made on this node) or
+                                   # "host:port" of a running cluster's head connects to it
+  c.rollout.ray_num_cpus_per_worker = 1.0  # placement ray: CPUs reserved per worker actor (> 0)
+  c.rollout.ray_num_gpus_per_worker = -1.0  # placement ray: GPUs per worker actor (fractions ok);
+                                   # -1 = auto (vllm_tensor_parallel_size for vllm on a GPU machine,
+                                   # else 0)
+  c.rollout.ray_placement_strategy = "PACK"  # placement ray: the one placement group (a bundle per
+                                   # worker): PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+  c.rollout.ray_max_restarts = 5   # placement ray: Ray restarts of each worker actor (-1 = no
+                                   # limit); then the worker is dead for good and the run fails
 
   c.buffer = ml_collections.ConfigDict()
   c.buffer.size = 84               # N, in rollouts

@@ -14,10 +14,20 @@ handle the workers load with `load_weights`:
 With several trainer processes every process gathers full host copies first (a collective).
 `make_worker(index, weights)` builds worker `index` holding `weights`; the schedules
 (`jaxreplay.schedulers`) decide how many workers run and when they load newer weights.
+
+Where the workers run (rollout.placement):
+  - "local" (default): in this process (JAX samplers) or in child processes of this machine (vLLM).
+  - "ray": as Ray actors with declared resources (`rollout.ray_workers`: one placement group, a
+    bundle per worker; Ray restarts a dead actor and the pool re-attaches to it). Weights go
+    through Ray's object store (`ObjectStorePublisher`: JAX samplers get the numpy parameter
+    pytree, vLLM engines the HF state dict in rollout.vllm_dtype); rollout.weight_transport is not
+    used. The async schedule gets one actor per worker (W), the simulated and sync schedules the
+    one actor their local worker uses.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Sequence
 
 from absl import logging
@@ -31,6 +41,7 @@ from jaxreplay.rollout.shm_weights import StaleWeights
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_TRANSPORTS = ("shm", "file")
+PLACEMENTS = ("local", "ray")
 
 
 class RolloutBackend:
@@ -50,12 +61,28 @@ class RolloutBackend:
                        "(build.resolve_backend)")
     self.publisher = self._eval_publisher = None
     self.transport = None
+    self.placement = config.rollout.get("placement", "local")
+    if self.placement not in PLACEMENTS:
+      raise ValueError(f"rollout.placement={self.placement!r}: expected one of {PLACEMENTS}")
+    self.ray_group = None
+    on_cpu = jax.default_backend() == "cpu"
+    if self.placement == "ray":  # the engines run where their bundles' GPUs (or none) are
+      self.ray_gpus = ray_gpus_per_worker(config, on_cpu)
+      on_cpu = self.ray_gpus == 0
     if self.backend == "vllm":
-      self.settings = vllm_engine_settings(config, on_cpu=jax.default_backend() == "cpu")
+      self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
       self.transport = config.rollout.weight_transport
       if self.transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
                          f"{WEIGHT_TRANSPORTS}")
+    if self.placement == "ray":
+      self.ray_group = self._make_ray_group()
+      try:
+        self.publisher = self._make_publisher(keep=3)
+      except BaseException:
+        self.close()
+        raise
+    elif self.backend == "vllm":
       self.publisher = self._make_publisher(keep=3)
 
   @property
@@ -71,11 +98,40 @@ class RolloutBackend:
   def publish_eval(self, params, version: int) -> Weights:
     """As `publish`, for a version the workers only evaluate (a step that was not published): its
     own publisher, so the rollout versions are never pushed out."""
-    if self.backend == "vllm" and self._eval_publisher is None:
-      self._eval_publisher = self._make_publisher(keep=2 if self.transport == "shm" else 1)
+    if self._eval_publisher is None and (self.backend == "vllm" or self.placement == "ray"):
+      self._eval_publisher = self._make_publisher(
+          keep=2 if self.transport == "shm" or self.placement == "ray" else 1)
     return self._publish(self._eval_publisher, params, version)
 
+  def _make_ray_group(self):
+    """The Ray actors' group (`rollout.ray_workers.RayRolloutGroup`): connects to / starts Ray."""
+    from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+    c, r = self.config, self.config.rollout
+    env, engine_kwargs, config_files = {}, {}, {}
+    if self.backend == "vllm":
+      engine_kwargs = dict(self.settings)
+      env = dict(engine_kwargs.pop("env"))
+      dtype = engine_kwargs.pop("dtype")
+      config_files = vllm_config_files(self.model_cfg, dtype)
+    spec = ray_workers.WorkerSpec(
+        backend=self.backend, model_cfg=self.model_cfg, max_len=int(c.model.max_len),
+        sampler_batch_size=int(r.sampler_batch_size), eos_token_ids=self.stop_ids, seed=int(c.seed),
+        dtype=self.settings["dtype"] if self.backend == "vllm" else "float32",
+        engine_kwargs=engine_kwargs, env=env, config_files=config_files)
+    # The async schedule drives W actors; the simulated and sync ones a single local worker.
+    num_actors = int(r.num_workers) if c.scheduler.kind == "async" else 1
+    return ray_workers.RayRolloutGroup(
+        spec, num_actors, address=str(r.ray_address),
+        num_cpus_per_worker=float(r.ray_num_cpus_per_worker),
+        num_gpus_per_worker=self.ray_gpus,
+        strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts))
+
   def _make_publisher(self, keep: int):
+    if self.placement == "ray":
+      from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+      if self.backend == "jax":  # the numpy pytree in the params' own dtype, as in-process samplers
+        return ray_workers.ObjectStorePublisher(self.model_cfg, "params", None, keep=keep)
+      return ray_workers.ObjectStorePublisher(self.model_cfg, "hf", self.dtype, keep=keep)
     if self.transport == "shm":
       from jaxreplay.rollout.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
       return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2))
@@ -85,8 +141,10 @@ class RolloutBackend:
   def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       params = sharding.host_local(params)
-    elif self.backend == "jax":
+    elif self.backend == "jax" and self.placement == "local":
       params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    if self.placement == "ray":  # one object per version in Ray's object store (host copy here)
+      return publisher.publish(params, version)
     if self.backend == "jax":
       return Weights(version=int(version), params=params, cfg=self.model_cfg)
     if self.transport == "shm":
@@ -101,6 +159,8 @@ class RolloutBackend:
 
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
     """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
+    if self.ray_group is not None:  # actor `index` (made on first use, re-attached after a restart)
+      return self.ray_group.make_worker(index, weights)
     c = self.config
     seed = c.seed + 1000 * (index + 1)
     if self.backend == "jax":
@@ -138,6 +198,36 @@ class RolloutBackend:
       if publisher is not None:
         publisher.close()
         setattr(self, name, None)
+    if self.ray_group is not None:  # the actors, the placement group (and Ray, if started here)
+      self.ray_group.close()
+      self.ray_group = None
+
+
+def ray_gpus_per_worker(config, on_cpu: bool) -> float:
+  """rollout.ray_num_gpus_per_worker with -1 (auto) resolved: vllm_tensor_parallel_size for vLLM
+  on a GPU machine (this process's JAX backend: `on_cpu` False), else 0. The vLLM engine settings
+  of Ray actors follow it (GPU settings when the actors get GPUs)."""
+  r = config.rollout
+  gpus = float(r.ray_num_gpus_per_worker)
+  if gpus >= 0:
+    return gpus
+  if gpus != -1:
+    raise ValueError(f"rollout.ray_num_gpus_per_worker={r.ray_num_gpus_per_worker}: expected -1 "
+                     "(auto) or a count >= 0")
+  return float(r.vllm_tensor_parallel_size) if r.backend == "vllm" and not on_cpu else 0.0
+
+
+def vllm_config_files(model_cfg, dtype: str) -> dict[str, bytes]:
+  """{name: bytes} of a config-only model dir (config.json, generation_config.json, written by
+  `hf_io.write_config_files` as `ShmPublisher.model_dir` is), for engines on other nodes."""
+  from jaxreplay.models import hf_io  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="jaxreplay-config-") as d:
+    hf_io.write_config_files(model_cfg, d, dtype)
+    out = {}
+    for name in sorted(os.listdir(d)):
+      with open(os.path.join(d, name), "rb") as f:
+        out[name] = f.read()
+  return out
 
 
 TRI_STATE = ("auto", "true", "false")

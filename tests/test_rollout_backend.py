@@ -1,6 +1,6 @@
 """Tests of the run's rollout settings (`jaxreplay.workers`, the rollout checks of build): vLLM engine
 settings per platform, request sizing that fills an engine, worker GPU groups for tensor
-parallelism. Pure functions of the config: no engine starts."""
+parallelism, Ray resources (placement ray). Pure functions of the config: no engine starts."""
 import pytest
 
 from jaxreplay import build, config_defaults, workers
@@ -80,6 +80,7 @@ def test_worker_gpu_groups_split_by_tensor_parallel_size():
                                 "model.max_len=256"),
     ("vllm_enforce_eager", "yes", "vllm_enforce_eager='yes': expected 'auto', 'true' or 'false'"),
     ("vllm_engine_process", "no", "vllm_engine_process='no'"),
+    ("placement", "cluster", r"rollout.placement='cluster': expected one of \('local', 'ray'\)"),
 ])
 def test_validate_config_names_bad_rollout_keys(key, value, message):
   c = config()
@@ -93,3 +94,21 @@ def test_validate_config_accepts_the_defaults_and_good_vllm_settings():
   build.validate_config(config(prompts_in_flight=16, vllm_gpu_memory_utilization=0.3,
                                vllm_max_model_len=512, vllm_enforce_eager="false",
                                vllm_tensor_parallel_size=2))
+
+
+def test_ray_gpus_per_worker_auto_is_the_tensor_parallel_size_of_vllm_on_gpu():
+  c = config(vllm_tensor_parallel_size=2)
+  assert c.rollout.ray_num_gpus_per_worker == -1 and c.rollout.placement == "local"
+  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 2.0
+  assert workers.ray_gpus_per_worker(c, on_cpu=True) == 0.0
+  c.rollout.backend = "jax"
+  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 0.0
+  c.rollout.ray_num_gpus_per_worker = 0.5
+  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 0.5
+
+
+def test_vllm_config_files_are_the_config_only_model_dir():
+  from jaxreplay import models  # pylint: disable=g-import-not-at-top
+  files = workers.vllm_config_files(models.presets.tiny(), "bfloat16")
+  assert sorted(files) == ["config.json", "generation_config.json"]
+  assert b"bfloat16" in files["config.json"]

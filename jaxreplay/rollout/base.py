@@ -70,7 +70,10 @@ class Weights:
   (`rollout.shm_weights`, transport "shm"; None otherwise); cfg: the ModelConfig of params
   (optional); ready: None when the weights are complete, else a `concurrent.futures.Future` that
   the publisher settles when the segment is written (it is written off the trainer's thread).
-  `ready` stays in this process: it is not compared, and `portable()` drops it.
+  object_ref: the Ray object-store copy (rollout.placement="ray", `rollout.ray_workers`): a
+  `concurrent.futures.Future` of the `ray_workers.StoredWeights` (settled, like `ready`, when the
+  background `ray.put` is done), or such a record itself; None otherwise.
+  `ready` and `object_ref` stay in this process: they are not compared, and `portable()` drops them.
   """
   version: int
   params: Any = None
@@ -78,6 +81,7 @@ class Weights:
   cfg: Any = None
   shm_path: Optional[str] = None
   ready: Any = dataclasses.field(default=None, compare=False, repr=False)
+  object_ref: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   def is_ready(self) -> bool:
     """Whether the weights can be loaded now without waiting for the publisher."""
