@@ -40,10 +40,14 @@ class RolloutBackend:
     config: the run config (rollout.backend resolved to "jax" or "vllm", rollout.*, model.max_len).
     model_cfg: the policy's `ModelConfig`.
     stop_ids: token ids that end a completion (the tokenizer's eos ids).
+    serves_workers: False on trainer processes other than 0 under the multi-process async
+      schedule: process 0 owns the workers, so `publish` here only takes part in the host copy (a
+      collective) and returns a version-only handle, and `make_worker` refuses.
   """
 
-  def __init__(self, config, model_cfg, stop_ids):
+  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True):
     self.config, self.model_cfg, self.stop_ids = config, model_cfg, tuple(stop_ids)
+    self.serves_workers = bool(serves_workers)
     self.backend = config.rollout.backend
     if self.backend not in ("jax", "vllm"):
       raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
@@ -56,7 +60,8 @@ class RolloutBackend:
       if self.transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
                          f"{WEIGHT_TRANSPORTS}")
-      self.publisher = self._make_publisher(keep=3)
+      if self.serves_workers:
+        self.publisher = self._make_publisher(keep=3)
 
   @property
   def dtype(self) -> str:
@@ -71,7 +76,7 @@ class RolloutBackend:
   def publish_eval(self, params, version: int) -> Weights:
     """As `publish`, for a version the workers only evaluate (a step that was not published): its
     own publisher, so the rollout versions are never pushed out."""
-    if self.backend == "vllm" and self._eval_publisher is None:
+    if self.backend == "vllm" and self._eval_publisher is None and self.serves_workers:
       self._eval_publisher = self._make_publisher(keep=2 if self.transport == "shm" else 1)
     return self._publish(self._eval_publisher, params, version)
 
@@ -85,8 +90,10 @@ class RolloutBackend:
   def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       params = sharding.host_local(params)
-    elif self.backend == "jax":
+    elif self.backend == "jax" and self.serves_workers:
       params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    if not self.serves_workers:  # process 0 hands its copy to the workers
+      return Weights(version=int(version), cfg=self.model_cfg)
     if self.backend == "jax":
       return Weights(version=int(version), params=params, cfg=self.model_cfg)
     if self.transport == "shm":
@@ -101,6 +108,9 @@ class RolloutBackend:
 
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
     """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
+    if not self.serves_workers:
+      raise RuntimeError("rollout workers run on trainer process 0 only (multi-process async "
+                         "schedule); this process has none")
     c = self.config
     seed = c.seed + 1000 * (index + 1)
     if self.backend == "jax":
