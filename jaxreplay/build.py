@@ -178,11 +178,6 @@ def validate_config(c) -> None:
     chat_template_kwargs(c)
   except ValueError as e:
     errors.append(str(e))
-  if jax.process_count() > 1 and c.scheduler.kind == "async":
-    errors.append(f"scheduler.kind={c.scheduler.kind!r} with {jax.process_count()} trainer "
-                  "processes: multi-process trainers run every process's host pipeline in "
-                  "lockstep, which needs scheduler.kind='simulated' or 'sync' (or run one trainer "
-                  "process)")
   if errors:
     raise ValueError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -493,7 +488,9 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
   sim_state = schedulers.SimState()
   mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
-  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids)
+  # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
+  follower = c.scheduler.kind == "async" and jax.process_index() > 0
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower)
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
   if c.eval.backend == "trainer":

@@ -41,6 +41,7 @@ from jaxreplay import models
 from jaxreplay import safety
 from jaxreplay import schedulers
 from jaxreplay import sharding
+from jaxreplay import step_channel
 from jaxreplay import trainer
 from jaxreplay.rollout.base import Weights
 
@@ -76,6 +77,8 @@ class Pipeline:
     self._grid_next = 0  # index of the next compute-grid point to evaluate at
     self._passk_grid = {float(x) for x in parts.config.eval.passk_grid}
     self._passk_due = True  # whether the next evaluation draws the pass@k samples
+    self._eval_decision = (-1, False)  # (step, whether it is evaluated), from `_end_of_step`
+    self._sample_seconds = 0.0  # the last `sample_rollouts` call's
     c = self.config
     self.progress = metrics_lib.ProgressLogger(c.total_steps, every_s=c.log.every_s,
                                                start_step=self.step)
@@ -110,9 +113,23 @@ class Pipeline:
     return len(self.parts.buffer) >= self.config.buffer.batch_size
 
   def train_step(self, now: float) -> StepResult:
-    p, c = self.parts, self.config
+    """Samples a batch from the buffer and takes one gradient step on it."""
+    return self.train_on(self.sample_rollouts(), now)
+
+  def sample_rollouts(self) -> list:
+    """The next batch's B rollouts, sampled from the buffer (the time it took goes to the step's
+    timing). Under the multi-process async schedule only process 0 calls it and sends them on."""
     t0 = time.perf_counter()
-    rollouts = p.buffer.sample(c.buffer.batch_size, current_version=self.step)
+    rollouts = self.parts.buffer.sample(self.config.buffer.batch_size, current_version=self.step)
+    self._sample_seconds = time.perf_counter() - t0
+    return rollouts
+
+  def train_on(self, rollouts, now: float) -> StepResult:
+    """Collates `rollouts` (B of them, from `sample_rollouts` here or on process 0) and takes one
+    gradient step at virtual or wall time `now` [s]."""
+    p, c = self.parts, self.config
+    rollouts = list(rollouts)
+    sample_s, self._sample_seconds = self._sample_seconds, 0.0
     t1 = time.perf_counter()
     batch = collate_lib.collate(rollouts, buckets=p.buckets, pad_id=p.codec.pad_id,
                                 batch_size=c.buffer.batch_size, pack=c.trainer.pack,
@@ -124,7 +141,7 @@ class Pipeline:
       fresh = batch.policy_version == self.step  # [B], or [B, T] when packed
       if fresh.any():
         p.metrics.mismatch.check_batch(self.state.params, batch, fresh)
-    if jax.process_count() > 1:  # lockstep host pipelines: cheap check that they still agree
+    if jax.process_count() > 1:  # every process must take the step on the same batch
       sharding.assert_same_on_all_processes(
           np.array([self.step, batch.tokens.sum(), batch.tokens.shape[1],
                     int(np.round(batch.advantages.sum() * 1e4))], np.int64), "the training batch")
@@ -132,7 +149,7 @@ class Pipeline:
     step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
     t3 = time.perf_counter()
     self.step += 1
-    p.metrics.timing.update(sample_s=t1 - t0, collate_s=t2 - t1, step_s=t3 - t2)
+    p.metrics.timing.update(sample_s=sample_s, collate_s=t2 - t1, step_s=t3 - t2)
     p.accountant.add_training((t3 - t2) * c.trainer.num_devices, int(np.sum(batch.segment_ids > 0)),
                               seq_len=int(batch.tokens.shape[1]))
     step_metrics["batch/reward_mean"] = float(np.mean([r.reward for r in rollouts]))
@@ -140,17 +157,24 @@ class Pipeline:
     return StepResult(self.step, step_metrics, tuple(rollouts))
 
   def _end_of_step(self) -> None:
-    """Decides at the end of each step (once) whether it is the run's last one, and whether a stop
-    signal ends the run here. A stop takes effect only at a step's end, so its checkpoint holds the
-    same kind of state as a periodic one; with several trainer processes they agree on it (one
-    allgather), so all of them stop after the same step."""
+    """Decides at the end of each step (once) whether it is the run's last one, whether it is
+    evaluated, and whether a stop signal ends the run here. A stop takes effect only at a step's
+    end, so its checkpoint holds the same kind of state as a periodic one. With several trainer
+    processes they agree (one allgather): all stop after the same step if any got a signal, and
+    process 0 decides the end and the evaluations (under the async schedule only it accounts the
+    generation compute they depend on)."""
     self._compute_at_step_end = self.parts.metrics.compute_seconds()
     self._decide_finished(self._compute_at_step_end)
+    eval_due = self._eval_due(self.step)
     stop = self.stop_requested()
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      stop = bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
+      flags = np.asarray(multihost_utils.process_allgather(
+          np.array([stop, self.finished, eval_due, self._passk_due], np.int32))).reshape(-1, 4)
+      stop = bool(flags[:, 0].any())
+      self.finished, eval_due, self._passk_due = (bool(x) for x in flags[0, 1:])
     self.stopped = stop and not self.finished
+    self._eval_decision = (self.step, eval_due)
 
   def _decide_finished(self, compute: float) -> None:
     c = self.config
@@ -182,7 +206,10 @@ class Pipeline:
     del now
     c, step = self.config, result.step
     row = self.parts.metrics.row(step, self.weights.version, result.metrics)
-    if self._eval_due(step):
+    decided_step, eval_due = self._eval_decision
+    if decided_step != step:  # publish_if_due was not called for this step
+      eval_due = self._eval_due(step)
+    if eval_due:
       self.last_eval = self.evaluate()
       row.update(self.last_eval)
     self.parts.writer.write(step, row)
@@ -361,11 +388,19 @@ class Pipeline:
 
 def make_scheduler(parts: build_lib.Parts):
   """The config's schedule: `SimulatedScheduler`, `SyncScheduler` or `AsyncScheduler` (which owns
-  the worker pool)."""
+  the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`)."""
   c = parts.config
   if c.scheduler.kind == "async":
+    channel = None
+    if jax.process_count() > 1:  # process 0 owns the buffer and the workers; the others follow
+      channel = step_channel.StepChannel(jax.process_index(), jax.process_count())
+      if not channel.is_leader:
+        logging.info("trainer process %d follows trainer process 0, which owns the replay buffer "
+                     "and the rollout workers", jax.process_index())
+        return schedulers.FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
     scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                          requests_per_call=parts.rollouts.requests_per_call)
+                                          requests_per_call=parts.rollouts.requests_per_call,
+                                          channel=channel)
     parts.metrics.pool_metrics = scheduler.pool_metrics
     return scheduler
   cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
@@ -453,6 +488,10 @@ def run(config, workdir: str) -> dict[str, Any]:
       return pipeline.summary()
     pipeline.start()
     scheduler.run(pipeline)
+    if jax.process_index() == 0:
+      m = parts.buffer.metrics()
+      logging.info("replay buffer: %d rollouts added over the run (resumes included), %d sampled",
+                   m["buffer/total_added"], m["buffer/total_sampled"])
     if pipeline.stopped and not pipeline.finished:
       pipeline.stop_now()
   return pipeline.summary()

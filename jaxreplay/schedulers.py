@@ -28,7 +28,10 @@ then samples B and takes one gradient step: N/R and B/R are exact knobs, and N =
 
 Asynchronous schedule (`AsyncScheduler`). A `WorkerPool` of W real workers (threads driving
 in-process JAX samplers or vLLM engine processes) fills the buffer while this thread trains as soon
-as a batch can be served, and hands each new `Weights` handle to the pool.
+as a batch can be served, and hands each new `Weights` handle to the pool. With several trainer
+processes (jax.distributed), process 0 runs it and owns the one buffer and the workers; every step
+it sends the batch's rollouts to the others (`step_channel.StepChannel`), which run
+`FollowerScheduler`: they take the same steps on the same batch and generate nothing.
 
 Jobs on the workers (`run_jobs(hooks, weights, fns)`, every schedule): the pipeline evaluates on the
 rollout engines through it (config.eval.backend="engines"). The simulated and sync schedules run
@@ -73,6 +76,12 @@ class Hooks(Protocol):
 
   def train_step(self, now: float) -> Any:
     """Samples a batch and takes one gradient step; returns a handle for `finish_step`."""
+
+  def sample_rollouts(self) -> list:
+    """The next batch's rollouts, sampled from the buffer (`train_step` = `train_on` of these)."""
+
+  def train_on(self, rollouts: list, now: float) -> Any:
+    """One gradient step on the batch of `rollouts`; returns a handle for `finish_step`."""
 
   def publish_if_due(self, handle: Any) -> Optional[Weights]:
     """Publishes the new weights when a refresh is due; returns them (None when not due)."""
@@ -398,10 +407,15 @@ class AsyncScheduler:
     num_workers: W.
     poll_seconds: how long the trainer waits for rollouts before checking again.
     requests_per_call: requests a worker generates in one call (`WorkerPool`).
+    channel: with several trainer processes, this is process 0 (the one that owns the buffer and
+      the workers): each step's rollouts and each engine evaluation's results are sent on this
+      `step_channel.StepChannel` to the other processes (`FollowerScheduler`), which take the
+      same steps. None: one trainer process.
   """
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
-               requests_per_call: int = 1):
+               requests_per_call: int = 1, channel=None):
+    self.channel = channel
     self.requests_per_call = requests_per_call
     self.make_worker = make_worker
     self.num_workers = num_workers
@@ -447,7 +461,14 @@ class AsyncScheduler:
   def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
     """Queues the jobs on the pool (started now when `run` has not started it: the step-0
     evaluation) and waits for their results; the other runners keep generating meanwhile."""
-    return self._start_pool(hooks).run_jobs(weights, list(fns))
+    try:
+      results = self._start_pool(hooks).run_jobs(weights, list(fns))
+    except BaseException as e:
+      self._abort_followers(e)
+      raise
+    if self.channel is not None:
+      self.channel.send(("jobs", results))
+    return results
 
   def close(self) -> None:
     if self.pool is not None:
@@ -457,9 +478,28 @@ class AsyncScheduler:
     pool = self._start_pool(hooks)
     try:
       self._train(hooks)
+      pool.raise_if_failed()
+      if not hooks.done():  # `stop` was set: the followers wait for a step that will not come
+        self._abort_followers(RuntimeError("the trainer loop was stopped"))
+    except BaseException as e:
+      self._abort_followers(e)
+      raise
     finally:
       pool.stop()
+      m = pool.metrics()
+      logging.info("rollout pool stopped: %d requests, %d rollouts delivered, %d requests dropped "
+                   "(re-queued), %d worker restarts", m["requests"], m["completions"],
+                   m["dropped"], m["restarts"])
     pool.raise_if_failed()
+
+  def _abort_followers(self, error: BaseException) -> None:
+    """Tells the other trainer processes that process 0 stops here (they raise `LeaderStopped`)."""
+    if self.channel is not None and not getattr(self, "_aborted", False):
+      self._aborted = True
+      try:
+        self.channel.send(("abort", f"{type(error).__name__}: {error}"))
+      except Exception:  # pylint: disable=broad-except
+        logging.exception("could not tell the other trainer processes that process 0 stops")
 
   def _train(self, hooks: Hooks) -> None:
     start = time.monotonic()
@@ -470,8 +510,72 @@ class AsyncScheduler:
         self.stop.wait(self.poll_seconds)
         self.wait_seconds += time.monotonic() - t0
         continue
-      handle = hooks.train_step(time.monotonic() - start)
+      now = time.monotonic() - start
+      if self.channel is None:
+        handle = hooks.train_step(now)
+      else:  # process 0 of several: every process takes this step on these rollouts
+        rollouts = hooks.sample_rollouts()
+        self.channel.send(("step", now, rollouts))
+        handle = hooks.train_on(rollouts, now)
       weights = hooks.publish_if_due(handle)
       if weights is not None:
         self.pool.refresh(weights)
       hooks.finish_step(handle, time.monotonic() - start)
+
+
+class LeaderStopped(RuntimeError):
+  """Trainer process 0 stopped the run (an error or a stop there); this process stops too."""
+
+
+class FollowerScheduler:
+  """The asynchronous schedule on trainer processes other than 0: no buffer, no workers.
+
+  Process 0 (`AsyncScheduler` with a channel) owns the replay buffer and the rollout workers, so
+  generation is never duplicated; this process receives each step's rollouts on the
+  `StepChannel` and takes the same step (the train step is one program over every process's
+  devices), publishes at the same steps (the host copy of the weights is a collective; only
+  process 0 hands them to workers) and receives the results of engine evaluations.
+
+  Args:
+    channel: the `step_channel.StepChannel` of this process (not process 0).
+    job_parallelism: process 0's (its worker count): the evaluation is split into as many chunks,
+      so the results received match this process's requests.
+  """
+
+  def __init__(self, channel, job_parallelism: int):
+    self.channel = channel
+    self.job_parallelism = int(job_parallelism)
+    self.steps_received = 0
+
+  def pool_metrics(self) -> dict[str, float]:
+    return {}
+
+  def _receive(self, expected: str):
+    message = self.channel.receive()
+    kind = message[0]
+    if kind == "abort":
+      raise LeaderStopped(f"trainer process 0 stopped the run: {message[1]}")
+    if kind != expected:
+      raise RuntimeError(f"trainer process {self.channel.process_index} expected a {expected!r} "
+                         f"message from process 0 and got {kind!r}: the processes' control flow "
+                         "diverged (every process must run the same config and code)")
+    return message[1:]
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """The results of the same jobs, run by process 0's workers."""
+    del hooks, weights
+    (results,) = self._receive("jobs")
+    if len(results) != len(fns):
+      raise RuntimeError(f"process 0 ran {len(results)} jobs where this process has {len(fns)}")
+    return results
+
+  def run(self, hooks: Hooks) -> None:
+    while not hooks.done():
+      now, rollouts = self._receive("step")
+      handle = hooks.train_on(rollouts, now)
+      self.steps_received += 1
+      hooks.publish_if_due(handle)
+      hooks.finish_step(handle, now)
+
+  def close(self) -> None:
+    pass

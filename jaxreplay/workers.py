@@ -51,10 +51,14 @@ class RolloutBackend:
     config: the run config (rollout.backend resolved to "jax" or "vllm", rollout.*, model.max_len).
     model_cfg: the policy's `ModelConfig`.
     stop_ids: token ids that end a completion (the tokenizer's eos ids).
+    serves_workers: False on trainer processes other than 0 under the multi-process async
+      schedule: process 0 owns the workers, so `publish` here only takes part in the host copy (a
+      collective) and returns a version-only handle, and `make_worker` refuses.
   """
 
-  def __init__(self, config, model_cfg, stop_ids):
+  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True):
     self.config, self.model_cfg, self.stop_ids = config, model_cfg, tuple(stop_ids)
+    self.serves_workers = bool(serves_workers)
     self.backend = config.rollout.backend
     if self.backend not in ("jax", "vllm"):
       raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
@@ -75,7 +79,9 @@ class RolloutBackend:
       if self.transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
                          f"{WEIGHT_TRANSPORTS}")
-    if self.placement == "ray":
+    if not self.serves_workers:
+      pass  # process 0 owns the workers (and Ray): nothing to start here
+    elif self.placement == "ray":
       self.ray_group = self._make_ray_group()
       try:
         self.publisher = self._make_publisher(keep=3)
@@ -98,7 +104,8 @@ class RolloutBackend:
   def publish_eval(self, params, version: int) -> Weights:
     """As `publish`, for a version the workers only evaluate (a step that was not published): its
     own publisher, so the rollout versions are never pushed out."""
-    if self._eval_publisher is None and (self.backend == "vllm" or self.placement == "ray"):
+    if (self._eval_publisher is None and self.serves_workers
+        and (self.backend == "vllm" or self.placement == "ray")):
       self._eval_publisher = self._make_publisher(
           keep=2 if self.transport == "shm" or self.placement == "ray" else 1)
     return self._publish(self._eval_publisher, params, version)
@@ -141,8 +148,10 @@ class RolloutBackend:
   def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       params = sharding.host_local(params)
-    elif self.backend == "jax" and self.placement == "local":
+    elif self.backend == "jax" and self.placement == "local" and self.serves_workers:
       params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    if not self.serves_workers:  # process 0 hands its copy to the workers
+      return Weights(version=int(version), cfg=self.model_cfg)
     if self.placement == "ray":  # one object per version in Ray's object store (host copy here)
       return publisher.publish(params, version)
     if self.backend == "jax":
@@ -159,6 +168,9 @@ class RolloutBackend:
 
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
     """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
+    if not self.serves_workers:
+      raise RuntimeError("rollout workers run on trainer process 0 only (multi-process async "
+                         "schedule); this process has none")
     if self.ray_group is not None:  # actor `index` (made on first use, re-attached after a restart)
       return self.ray_group.make_worker(index, weights)
     c = self.config

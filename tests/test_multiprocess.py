@@ -2,13 +2,16 @@
 two local CPU processes with two emulated devices each, against one process with four devices."""
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
-from tiny_runs import SHORT, read_rows
+from tiny_runs import ENV, SHORT, read_rows
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
@@ -25,7 +28,8 @@ def _free_port() -> int:
 
 def _launch(workdir, devices, *extra, process=None, port=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"])
   cmd = [sys.executable, "-m", "jaxreplay.launch", f"--config={REPO}/configs/tiny.py",
          f"--workdir={workdir}", *ARGS, *extra]
   if process is not None:
@@ -71,12 +75,49 @@ def test_two_trainer_processes_match_one_process_and_resume(tmp_path):
   assert [r["step"] for r in rows] == list(range(9))
 
 
-def test_multi_process_rejects_the_async_schedule(tmp_path):
-  errs = []
+ASYNC = ["--config.scheduler.kind=async", "--config.rollout.num_workers=2"]
+
+
+def _two_processes(workdir, *extra):
   port = _free_port()
-  procs = [_launch(str(tmp_path / "a"), 2, "--config.scheduler.kind=async", process=i, port=port)
-           for i in range(2)]
+  return [_launch(workdir, 2, *extra, process=i, port=port) for i in range(2)]
+
+
+def _delivered(log):
+  """(rollouts the pool delivered, rollouts the buffer took) from process 0's closing log lines."""
+  pool = re.search(r"rollout pool stopped: \d+ requests, (\d+) rollouts delivered", log)
+  buffer = re.search(r"replay buffer: (\d+) rollouts added", log)
+  assert pool and buffer, log[-3000:]
+  return int(pool.group(1)), int(buffer.group(1))
+
+
+def test_async_schedule_over_two_processes_one_buffer_killed_and_resumed(tmp_path):
+  """The async schedule over 2 trainer processes: process 0 owns the one buffer and the workers,
+  process 1 trains on the batches it receives (no generation of its own); every rollout the
+  workers delivered entered the buffer once; a run killed mid-way (SIGKILL) resumes."""
+  workdir = str(tmp_path / "async")
+  errs = _run_two_processes(workdir, *ASYNC, "--config.total_steps=4")
+  assert "follows trainer process 0" in errs[1]
+  assert "started the rollout worker" not in errs[1] and "rollout pool" not in errs[1]
+  delivered, added = _delivered(errs[0])
+  assert delivered == added > 0
+  rows = read_rows(workdir)
+  assert [r["step"] for r in rows] == list(range(5))
+  assert all(np.isfinite(r["loss"]) for r in rows[1:])
+  assert rows[-1]["pool/completions"] > 0 and "eval/pass@1" in rows[-1]
+
+  # Longer: killed (SIGKILL, both processes) once step 6 is checkpointed, then resumed.
+  procs = _two_processes(workdir, *ASYNC, "--config.total_steps=200")
+  deadline = time.monotonic() + 600
+  while not os.path.isdir(os.path.join(workdir, "checkpoints", "6")):
+    assert all(p.poll() is None for p in procs), [p.communicate()[1][-3000:] for p in procs]
+    assert time.monotonic() < deadline, "no checkpoint 6 within 600 s"
+    time.sleep(0.5)
   for p in procs:
-    errs.append(p.communicate(timeout=300)[1])
-    assert p.returncode != 0
-  assert any("scheduler.kind='async' with 2 trainer processes" in e for e in errs), errs[0][-2000:]
+    p.send_signal(signal.SIGKILL)
+  for p in procs:
+    p.communicate(timeout=60)
+  errs = _run_two_processes(workdir, *ASYNC, "--config.total_steps=8")
+  assert all(re.search(r"resumed at step (6|8) \(buffer 128 rollouts\)", e) for e in errs), errs[0][-3000:]
+  steps = [r["step"] for r in read_rows(workdir)]
+  assert steps == sorted(set(steps)) and steps[-1] == 8
