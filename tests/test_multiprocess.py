@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from conftest import require
 from tiny_runs import ENV, SHORT, read_rows
 import pytest
 
@@ -91,22 +92,50 @@ def _delivered(log):
   return int(pool.group(1)), int(buffer.group(1))
 
 
-def test_async_schedule_over_two_processes_one_buffer_killed_and_resumed(tmp_path):
-  """The async schedule over 2 trainer processes: process 0 owns the one buffer and the workers,
-  process 1 trains on the batches it receives (no generation of its own); every rollout the
-  workers delivered entered the buffer once; a run killed mid-way (SIGKILL) resumes."""
-  workdir = str(tmp_path / "async")
-  errs = _run_two_processes(workdir, *ASYNC, "--config.total_steps=4")
-  assert "follows trainer process 0" in errs[1]
-  assert "started the rollout worker" not in errs[1] and "rollout pool" not in errs[1]
-  delivered, added = _delivered(errs[0])
+def test_async_over_two_processes_with_ray_workers_one_killed(tmp_path):
+  """launch/local_processes.sh: 2 trainer processes, the async schedule, 2 rollout workers as Ray
+  actors of a local Ray instance. Process 0 owns the one buffer and the workers, process 1 trains
+  on the batches it receives and generates nothing; every rollout the workers delivered entered
+  the buffer once; an actor SIGKILLed mid-run is restarted by Ray and the run finishes."""
+  ray = require("ray")
+  del ray
+  workdir = str(tmp_path / "ray")
+  env = dict(os.environ, PORT=str(_free_port()),
+             PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"])
+  args = [a for a in ARGS if "mesh_shape" not in a]  # the script sets it (tuples append)
+  script = subprocess.Popen(["bash", "launch/local_processes.sh", "2", workdir, *args,
+                             "--config.total_steps=24", "--config.checkpoint.every=8"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+  log0 = os.path.join(workdir, "process_0.log")
+  deadline, killed = time.monotonic() + 600, None
+  while killed is None and script.poll() is None and time.monotonic() < deadline:
+    text = open(log0).read() if os.path.exists(log0) else ""
+    started = re.search(r"rollout actor 1 started: pid (\d+)", text)
+    if started and re.search(r"step ([3-9]|1\d)/24", text):
+      killed = int(started.group(1))
+      os.kill(killed, signal.SIGKILL)
+    time.sleep(0.2)
+  out = script.communicate(timeout=600)[0]
+  assert script.returncode == 0, out[-4000:]
+  assert killed is not None, "the run ended before an actor could be killed"
+  logs = [open(os.path.join(workdir, f"process_{i}.log")).read() for i in range(2)]
+  assert "follows trainer process 0" in logs[1]
+  assert "rollout actor" not in logs[1] and "rollout pool" not in logs[1]  # no worker on process 1
+  assert re.search(r"rollout actor 1 restarted by Ray: pid (?!%d\b)\d+" % killed, logs[0]), logs[0][-3000:]
+  delivered, added = _delivered(logs[0])
   assert delivered == added > 0
   rows = read_rows(workdir)
-  assert [r["step"] for r in rows] == list(range(5))
+  assert [r["step"] for r in rows] == list(range(25))
+  assert rows[-1]["pool/restarts"] >= 1 and rows[-1]["pool/live_threads"] == 2
   assert all(np.isfinite(r["loss"]) for r in rows[1:])
-  assert rows[-1]["pool/completions"] > 0 and "eval/pass@1" in rows[-1]
 
-  # Longer: killed (SIGKILL, both processes) once step 6 is checkpointed, then resumed.
+
+def test_async_over_two_processes_killed_mid_way_resumes(tmp_path):
+  """Both trainer processes of an async run SIGKILLed once step 6 is checkpointed; the same command
+  resumes both from it (the one buffer restored on process 0) and finishes."""
+  workdir = str(tmp_path / "async")
   procs = _two_processes(workdir, *ASYNC, "--config.total_steps=200")
   deadline = time.monotonic() + 600
   while not os.path.isdir(os.path.join(workdir, "checkpoints", "6")):
@@ -119,5 +148,8 @@ def test_async_schedule_over_two_processes_one_buffer_killed_and_resumed(tmp_pat
     p.communicate(timeout=60)
   errs = _run_two_processes(workdir, *ASYNC, "--config.total_steps=8")
   assert all(re.search(r"resumed at step (6|8) \(buffer 128 rollouts\)", e) for e in errs), errs[0][-3000:]
+  assert "follows trainer process 0" in errs[1]
+  delivered, added = _delivered(errs[0])
+  assert added >= delivered  # the buffer's count continues over the resume, the pool's restarts
   steps = [r["step"] for r in read_rows(workdir)]
   assert steps == sorted(set(steps)) and steps[-1] == 8
