@@ -17,6 +17,10 @@
 #   node A: python -m jaxreplay.launch --config=configs/qwen3_8b.py --workdir=runs/q3 \
 #             --config.scheduler.kind=async --config.rollout.placement=ray \
 #             --config.rollout.ray_address=nodeA:6379 --config.rollout.num_workers=8
+# Authentication: Ray 2.60's `ray start --head` turns token authentication on and writes the token
+# to ~/.ray/auth_token; every other node (Ray workers and trainer process 0) needs the same file (a
+# shared home, or copy it; or RAY_AUTH_TOKEN=...). This script and jaxreplay then set
+# RAY_AUTH_MODE=token themselves.
 # Several trainer nodes: run launch/multi_host.sh on each with the same flags (process 0 owns the
 # replay buffer and is the only one that talks to Ray). Under SLURM see launch/slurm_ray.sbatch.
 set -euo pipefail
@@ -30,7 +34,7 @@ case "$cmd" in
     ;;
   worker)
     address=${2:?usage: launch/ray_cluster.sh worker HEAD_IP:PORT}
-    ray start --address="$address"
+    RAY_AUTH_MODE=${RAY_AUTH_MODE:-token} ray start --address="$address"
     ;;
   stop)
     ray stop

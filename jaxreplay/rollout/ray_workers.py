@@ -348,6 +348,18 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         "rollout.ray_address='' to start a local Ray instance in this process") from None
 
 
+def _use_cluster_token() -> None:
+  """Token authentication for a cluster given by host:port: `ray start --head` (Ray 2.60) turns it
+  on and writes ~/.ray/auth_token, but a driver connecting by address uses it only in token mode
+  ("auto" finds the mode in the local session). Ray's own helper turns token mode on (refreshing
+  its cached config) when a token is at hand and RAY_AUTH_MODE is unset."""
+  try:
+    from ray._private.authentication import authentication_token_setup as auth  # pylint: disable=g-import-not-at-top
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+  except (ImportError, AttributeError):  # another Ray version: RAY_AUTH_MODE=token by hand
+    pass
+
+
 def connect(address: str, num_cpus: Optional[float] = None) -> bool:
   """Connects this process to Ray; returns True when it started the instance (whoever started it
   shuts it down). Already connected: nothing changes (False).
@@ -381,8 +393,15 @@ def connect(address: str, num_cpus: Optional[float] = None) -> bool:
       return True
     if address != "auto":
       _check_reachable(address)
+      _use_cluster_token()
     try:
       ray.init(address=address)
+    except ray.exceptions.AuthenticationError as e:
+      raise ConnectionError(
+          f"rollout.ray_address={address!r}: the cluster refused this process's Ray token "
+          f"({_first_line(e)}). Ray >= 2.52 clusters started with `ray start --head` use token "
+          "authentication: copy the head's ~/.ray/auth_token to this node (or set RAY_AUTH_TOKEN "
+          "/ RAY_AUTH_TOKEN_PATH) and run with RAY_AUTH_MODE=token") from None
     except ConnectionError as e:
       raise ConnectionError(
           f"rollout.ray_address={address!r}: {e} Start a cluster (`ray start --head`) and pass its "
