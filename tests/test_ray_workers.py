@@ -37,8 +37,8 @@ def ray_cluster():
   """One local Ray instance for the module (3 logical CPUs; the groups reserve their bundles)."""
   ray = require("ray")
   start = time.perf_counter()
-  if not ray.is_initialized():
-    ray.init(num_cpus=3, include_dashboard=False)
+  if not ray.is_initialized():  # "local": a new instance, even where `ray start` made a cluster
+    ray.init(address="local", num_cpus=3, include_dashboard=False)
   print(f"\nray.init: {time.perf_counter() - start:.1f} s")
   yield ray
   ray.shutdown()
