@@ -398,9 +398,11 @@ def make_scheduler(parts: build_lib.Parts):
         logging.info("trainer process %d follows trainer process 0, which owns the replay buffer "
                      "and the rollout workers", jax.process_index())
         return schedulers.FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
+    ray = c.rollout.get("placement", "local") == "ray"  # Ray's restarts cap the pool's too
     scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
                                           requests_per_call=parts.rollouts.requests_per_call,
-                                          channel=channel)
+                                          channel=channel,
+                                          max_restarts=c.rollout.ray_max_restarts if ray else 5)
     parts.metrics.pool_metrics = scheduler.pool_metrics
     return scheduler
   cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,

@@ -407,6 +407,8 @@ class AsyncScheduler:
     num_workers: W.
     poll_seconds: how long the trainer waits for rollouts before checking again.
     requests_per_call: requests a worker generates in one call (`WorkerPool`).
+    max_restarts: deaths (and failed starts) per worker slot before the pool fails
+      (`WorkerPool`); under Ray placement rollout.ray_max_restarts, so Ray's restarts are the cap.
     channel: with several trainer processes, this is process 0 (the one that owns the buffer and
       the workers): each step's rollouts and each engine evaluation's results are sent on this
       `step_channel.StepChannel` to the other processes (`FollowerScheduler`), which take the
@@ -414,8 +416,9 @@ class AsyncScheduler:
   """
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
-               requests_per_call: int = 1, channel=None):
+               requests_per_call: int = 1, channel=None, max_restarts: int = 5):
     self.channel = channel
+    self.max_restarts = int(max_restarts)
     self.requests_per_call = requests_per_call
     self.make_worker = make_worker
     self.num_workers = num_workers
@@ -454,7 +457,8 @@ class AsyncScheduler:
                            lambda worker_index: intake.next_request(), deliver,
                            initial_weights=hooks.latest_weights(), on_drop=intake.dropped,
                            prepare=lambda d: intake.score(d.batch, d.groups),
-                           requests_per_call=self.requests_per_call)
+                           requests_per_call=self.requests_per_call,
+                           max_restarts=self.max_restarts)
     self.pool.start()
     return self.pool
 

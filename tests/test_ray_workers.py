@@ -265,25 +265,6 @@ def assert_logprobs_match(groups, right, wrong, version):
 
 
 @pytest.mark.slow
-def test_async_run_with_two_ray_actors(tmp_path, ray_cluster):
-  """`jaxreplay.launch` with the async schedule over two Ray actors (its own local Ray instance)."""
-  del ray_cluster  # only to require ray
-  workdir = str(tmp_path / "run")
-  start = time.perf_counter()
-  proc = tiny_runs.run_launch(workdir, "--config.scheduler.kind=async",
-                              "--config.rollout.placement=ray", "--config.rollout.num_workers=2")
-  print(f"\nasync run over 2 Ray actors: {time.perf_counter() - start:.0f} s")
-  assert "rollout actor 0 started" in proc.stderr and "rollout actor 1 started" in proc.stderr
-  rows = tiny_runs.read_rows(workdir)
-  assert [r["step"] for r in rows] == list(range(7))
-  for r in rows[1:]:
-    assert np.isfinite(r["loss"]) and r["pool/restarts"] == 0 and r["pool/live_threads"] == 2
-  rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]  # NaN: none fresh
-  assert rewards and all(0.0 <= x <= 1.0 for x in rewards)
-  assert rows[-1]["pool/requests"] > 0 and 0.0 <= rows[-1]["eval/pass@1"] <= 1.0
-
-
-@pytest.mark.slow
 def test_simulated_run_over_a_ray_actor_is_the_local_run(tmp_path, ray_cluster, tiny_reference_run):
   """The simulated schedule's one local worker as a Ray actor: the same run, bit for bit."""
   del ray_cluster

@@ -245,6 +245,23 @@ def test_async_schedule_replaces_a_dead_worker():
   assert hooks.step == 3 and sched.pool_metrics()["pool/restarts"] == 1
 
 
+def test_async_schedule_caps_worker_deaths_at_max_restarts():
+  """The pool's cap per worker slot is the scheduler's `max_restarts` (Ray placement passes
+  rollout.ray_max_restarts): a worker that always dies fails the run after that many restarts."""
+  class AlwaysDies(FakeWorker):
+    def generate(self, prompts, n, sampling):
+      raise WorkerDied("killed")
+  made = []
+
+  def make(i, w):
+    made.append(i)
+    return AlwaysDies(w, [])
+  sched = AsyncScheduler(make, num_workers=1, max_restarts=2)
+  with pytest.raises(RuntimeError, match=r"died 3 times \(max_restarts=2\)"):
+    sched.run(FakeHooks(batch=2))
+  assert len(made) == 3
+
+
 def test_local_worker_runs_jobs_at_the_given_weights_then_rollouts_at_the_newest():
   log = []
   hooks = FakeHooks(batch=2, total=2)
