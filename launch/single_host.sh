@@ -7,7 +7,8 @@
 # it spawns gets rollout.vllm_tensor_parallel_size of the GPUs left. Add --dry_run to print the
 # per-device memory plan and the split without loading anything. With tensor-parallel engines
 # (--config.rollout.vllm_tensor_parallel_size=K) also pass --config.rollout.num_workers=(other GPUs)/K:
-# the last value of a repeated override wins.
+# the last value of a repeated scalar override wins (a repeated tuple override, e.g. mesh_shape, is
+# appended to the first one: give tuples once).
 set -euo pipefail
 config=$1; workdir=$2; trainer_gpus=$3; shift 3
 all=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}
