@@ -146,10 +146,18 @@ def test_async_over_two_processes_killed_mid_way_resumes(tmp_path):
     p.send_signal(signal.SIGKILL)
   for p in procs:
     p.communicate(timeout=60)
-  errs = _run_two_processes(workdir, *ASYNC, "--config.total_steps=8")
-  assert all(re.search(r"resumed at step (6|8) \(buffer 128 rollouts\)", e) for e in errs), errs[0][-3000:]
+  # Resumed with the evaluation on the rollout workers: process 0's pool runs it and process 1
+  # receives the results (both report the same numbers).
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  last = max(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())  # 6, or later if it ran on
+  errs = _run_two_processes(workdir, *ASYNC, f"--config.total_steps={last + 2}",
+                            "--config.eval.backend=engines")
+  assert all(f"resumed at step {last} (buffer 128 rollouts)" in e for e in errs), errs[0][-3000:]
   assert "follows trainer process 0" in errs[1]
+  finals = [re.search(r"finished: (\{.*\})", e).group(1) for e in errs]
+  pass1 = [re.search(r"'eval/pass@1': ([0-9.]+)", f) for f in finals]
+  assert all(pass1) and pass1[0].group(1) == pass1[1].group(1), finals
   delivered, added = _delivered(errs[0])
   assert added >= delivered  # the buffer's count continues over the resume, the pool's restarts
   steps = [r["step"] for r in read_rows(workdir)]
-  assert steps == sorted(set(steps)) and steps[-1] == 8
+  assert steps == sorted(set(steps)) and steps[-1] == last + 2
