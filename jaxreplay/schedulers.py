@@ -418,6 +418,7 @@ class AsyncScheduler:
   def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
                requests_per_call: int = 1, channel=None, max_restarts: int = 5):
     self.channel = channel
+    self._aborted = False  # the followers were told that process 0 stops
     self.max_restarts = int(max_restarts)
     self.requests_per_call = requests_per_call
     self.make_worker = make_worker
@@ -498,7 +499,7 @@ class AsyncScheduler:
 
   def _abort_followers(self, error: BaseException) -> None:
     """Tells the other trainer processes that process 0 stops here (they raise `LeaderStopped`)."""
-    if self.channel is not None and not getattr(self, "_aborted", False):
+    if self.channel is not None and not self._aborted:
       self._aborted = True
       try:
         self.channel.send(("abort", f"{type(error).__name__}: {error}"))
@@ -549,7 +550,6 @@ class FollowerScheduler:
   def __init__(self, channel, job_parallelism: int):
     self.channel = channel
     self.job_parallelism = int(job_parallelism)
-    self.steps_received = 0
 
   def pool_metrics(self) -> dict[str, float]:
     return {}
@@ -577,7 +577,6 @@ class FollowerScheduler:
     while not hooks.done():
       now, rollouts = self._receive("step")
       handle = hooks.train_on(rollouts, now)
-      self.steps_received += 1
       hooks.publish_if_due(handle)
       hooks.finish_step(handle, now)
 

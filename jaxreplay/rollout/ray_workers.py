@@ -1,46 +1,31 @@
-"""Rollout workers as Ray actors (rollout.placement="ray"): declared resources, started and restarted
-by Ray, weights through Ray's object store.
+"""Rollout workers as Ray actors (rollout.placement="ray"), the driver's side: connecting to Ray,
+the placement group, and the proxies the `WorkerPool` drives. Declared resources, started and
+restarted by Ray, weights through Ray's object store.
 
-Only `workers.RolloutBackend` imports this module, and only when rollout.placement is "ray"; the
-no-Ray default stays `WorkerPool` over in-process `JaxSampler`s or `VllmWorkerProcess`es.
-
-  - `RolloutActor`: one worker inside a Ray actor process: a `JaxSampler` (JAX_PLATFORMS=cpu in the
-    actor's runtime env when it has no GPU) or an in-process `VllmEngine`, started with
-    `weights_pending=True` from a config-only model dir that the actor writes from config-file
-    bytes shipped by the driver (another node cannot read the driver's /dev/shm). Actors start
-    without weights (version -1): the driver loads them (`make_worker`), also after a restart.
-  - `RayWorker`: the driver's proxy of an actor, a `RolloutWorker`; Ray's actor errors
+Only `workers.RolloutBackend` imports this module (and `build` to validate the keys), and only when
+rollout.placement is "ray"; the no-Ray default stays `WorkerPool` over in-process `JaxSampler`s or
+`VllmWorkerProcess`es. The parts:
+  - `ray_actor.RolloutActor` / `WorkerSpec`: what runs in an actor (a JAX sampler or a vLLM engine);
+  - `ray_publisher.ObjectStorePublisher`: one object per version in Ray's object store;
+  - here, `RayWorker`: the driver's proxy of an actor, a `RolloutWorker`; Ray's actor errors
     (`RayActorError`: died, unavailable, ...) become `WorkerDied`, so a `WorkerPool` drops the
-    in-flight request and calls `make_worker(i)` again.
-  - `RayRolloutGroup`: connects to Ray (or starts a local instance), reserves ONE placement group
-    of W bundles {"CPU": c, "GPU": g} with the configured strategy, and creates actor i in bundle i
-    (`max_restarts`, `max_task_retries=0`: a request in flight when its actor dies fails, it is
-    never re-run behind the pool's back). `make_worker(i, weights)` makes actor i on first use;
-    later calls (the pool replacing a dead worker) attach a new proxy to the SAME actor once Ray
-    has restarted it and bring it to `weights`: Ray's restart is the respawn. An actor dead for
-    good (restarts exhausted, or its constructor failed) raises `WorkerDied`.
-  - `ObjectStorePublisher`: one object per version in Ray's object store, `ray.put` on a background
-    thread (the trainer's stall is the device -> host copy, as with `ShmPublisher`): JAX actors get
-    the numpy parameter pytree, vLLM actors the HF-named, HF-layout state dict in the engines'
-    dtype (bf16 through ml_dtypes). Only the newest `keep` versions stay referenced; loading an
-    older one raises `StaleWeights` (the pool then loads its newest target).
+    in-flight request and calls `make_worker(i)` again;
+  - here, `RayRolloutGroup`: connects to Ray (or starts a local instance, `connect`), reserves ONE
+    placement group of W bundles {"CPU": c, "GPU": g} with the configured strategy, and creates
+    actor i in bundle i (`max_restarts`, `max_task_retries=0`: a request in flight when its actor
+    dies fails, it is never re-run behind the pool's back). `make_worker(i, weights)` makes actor i
+    on first use; later calls (the pool replacing a dead worker) attach a new proxy to the SAME
+    actor once Ray has restarted it and bring it to `weights`: Ray's restart is the respawn. An
+    actor dead for good (restarts exhausted, or its constructor failed) raises `WorkerDied`.
+The actor and publisher names are re-exported here.
 
-A vLLM actor copies the received tensors into a node-local shared-memory segment
-(`shm_weights.SlotRing`) and loads it through the engine's tested path (`VllmEngine.load_weights`
-with `shm_path`: vLLM's weight-transfer session); a JAX actor `device_put`s the pytree.
 Not built: GPU NCCL broadcast from the trainer to the engines (no GPU to test it here); GPU engines
 get the object-store copy (a host round trip). vLLM tensor parallelism inside one actor (bundles of
-tp GPUs) is untested.
-
-Every node must import jaxreplay (installed there, or a shared checkout: the actors' PYTHONPATH
-starts with the driver's jaxreplay checkout). The module imports no JAX at module level: a vLLM
-actor never imports JAX.
+tp GPUs) is untested. Every node must import jaxreplay (installed there, or a shared checkout: the
+actors' PYTHONPATH starts with the driver's jaxreplay checkout).
 """
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import dataclasses
 import functools
 import math
 import os
@@ -56,164 +41,23 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jaxreplay.rollout import shm_weights
 from jaxreplay.rollout.base import Group, SamplingParams, Weights, WorkerDied
+from jaxreplay.rollout.ray_actor import RolloutActor, WorkerSpec
+from jaxreplay.rollout.ray_publisher import (ObjectStorePublisher, PutRecord,
+                                             StoredWeights, stored_weights)
 from jaxreplay.rollout.shm_weights import StaleWeights
+
+__all__ = ["STRATEGIES", "ObjectStorePublisher", "PutRecord", "RayRolloutGroup", "RayWorker",
+           "RolloutActor", "StoredWeights", "WorkerSpec", "check_address", "connect",
+           "stored_weights"]
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # Ray errors that mean "this worker's process (or node) is gone", not a bug in the request.
 _DEATH_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError)
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-# ---- what an actor runs -------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-  """What every actor of a group builds (picklable; shipped to the actors).
-
-  backend: "jax" (a `JaxSampler`) or "vllm" (an in-process `VllmEngine`).
-  model_cfg: the policy's `ModelConfig`. max_len: prompt + completion tokens of the JAX sampler.
-  sampler_batch_size: rows per jitted batch (jax). eos_token_ids: ids that end a completion.
-  seed: the run's seed; actor i's sampler seed is seed + 1000 * (i + 1) (`seed_of`), as for
-    local workers. dtype: the engines' dtype ("float32" | "bfloat16" | "float16"; vllm).
-  engine_kwargs: `VllmEngine` keyword arguments (`workers.vllm_engine_settings` without "env").
-  env: environment variables of the actor process (its runtime env; vLLM reads them at import).
-  config_files: {file name: bytes} of the config-only model dir (config.json,
-    generation_config.json) that a vLLM actor writes on its own node.
-  """
-  backend: str
-  model_cfg: Any
-  max_len: int
-  sampler_batch_size: int = 64
-  eos_token_ids: tuple[int, ...] = ()
-  seed: int = 0
-  dtype: str = "float32"
-  engine_kwargs: dict = dataclasses.field(default_factory=dict)
-  env: dict = dataclasses.field(default_factory=dict)
-  config_files: dict = dataclasses.field(default_factory=dict)
-
-  def seed_of(self, index: int) -> int:
-    """Worker `index`'s sampler seed (`RolloutBackend.make_worker`'s rule)."""
-    return int(self.seed) + 1000 * (int(index) + 1)
-
-
-class RolloutActor:
-  """One rollout worker inside a Ray actor process (wrapped with `ray.remote` by the group).
-
-  Args:
-    spec: the `WorkerSpec`. index: the worker's slot (its seed derives from it).
-  Starts without weights (policy_version -1): `load_weights` must come before `generate`.
-  """
-
-  def __init__(self, spec: WorkerSpec, index: int):
-    start = time.perf_counter()
-    self.spec, self.index = spec, int(index)
-    self._root = self._owner_fd = self._ring = None
-    if spec.backend == "jax":
-      from jaxreplay.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
-      self.worker = JaxSampler(spec.model_cfg, None, spec.max_len,
-                               batch_size=spec.sampler_batch_size,
-                               eos_token_ids=spec.eos_token_ids, seed=spec.seed_of(index),
-                               policy_version=-1)
-    elif spec.backend == "vllm":
-      from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
-      from jaxreplay.rollout.weight_sync import claim_root  # pylint: disable=g-import-not-at-top
-      # This node's /dev/shm: the config-only model dir and the segment the engine loads from.
-      self._root, _, self._owner_fd = claim_root(None)
-      model_dir = os.path.join(self._root, "model")
-      os.makedirs(model_dir, exist_ok=True)
-      for name, data in spec.config_files.items():
-        with open(os.path.join(model_dir, name), "wb") as f:
-          f.write(data)
-      self._ring = shm_weights.SlotRing(self._root)
-      self.worker = VllmEngine(model_dir, weights_pending=True, policy_version=-1,
-                               seed=spec.seed_of(index), eos_token_ids=spec.eos_token_ids,
-                               dtype=spec.dtype, env=dict(spec.env), **spec.engine_kwargs)
-    else:
-      raise ValueError(f"WorkerSpec.backend={spec.backend!r}: expected 'jax' or 'vllm'")
-    self.startup_seconds = time.perf_counter() - start
-
-  def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
-    """The worker's `generate` (groups tagged with the version it holds)."""
-    if self.worker.policy_version < 0:
-      raise RuntimeError(f"rollout actor {self.index} holds no weights yet; call load_weights "
-                         "first (RayRolloutGroup.make_worker does)")
-    return self.worker.generate(prompts, n, sampling)
-
-  def load_weights(self, version: int, payload: Any) -> dict[str, float]:
-    """Loads `payload` (the object-store value: Ray resolves the driver's ref to it before this
-    runs) as `version`. Returns the phases [s]: jax device_put_s; vllm segment_write_s and the
-    engine's (load_s, repack_s, ...); both actor_s."""
-    start = time.perf_counter()
-    if self.spec.backend == "jax":
-      import jax  # pylint: disable=g-import-not-at-top
-      params = jax.block_until_ready(jax.device_put(payload))
-      phases = {"device_put_s": time.perf_counter() - start}
-      self.worker.load_weights(Weights(int(version), params=params, cfg=self.spec.model_cfg))
-    else:
-      sources = [(name, tuple(x.shape), False, (lambda x=x: x)) for name, x in payload.items()]
-      path, nbytes = self._ring.write(sources, self.spec.dtype, int(version), protect=set())
-      written = time.perf_counter() - start
-      phases = dict(self.worker.load_weights(Weights(int(version), shm_path=path)))
-      phases.update(segment_write_s=written, bytes=float(nbytes))
-    phases["actor_s"] = time.perf_counter() - start
-    return phases
-
-  def stats(self) -> dict[str, Any]:
-    """Where and what this actor is: index, pid, node id, hostname, node IP, GPU ids,
-    policy_version, start-up seconds."""
-    ctx = ray.get_runtime_context()
-    return {"index": self.index, "pid": os.getpid(), "node_id": ctx.get_node_id(),
-            "hostname": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "backend": self.spec.backend,
-            "policy_version": int(self.worker.policy_version),
-            "startup_seconds": self.startup_seconds}
-
-  def ping(self) -> int:
-    """This actor's pid (it answers: it is alive and not busy)."""
-    return os.getpid()
-
-  def get_call_count(self) -> int:
-    return self._sampler().call_count
-
-  def set_call_count(self, value: int) -> None:
-    self._sampler().call_count = int(value)
-
-  def close(self) -> None:
-    """Releases the engine and this node's segment files (the group then kills the process)."""
-    self.worker.close()
-    if self._ring is not None:
-      self._ring.remove()
-    if self._root is not None:
-      from jaxreplay.rollout.weight_sync import release_root  # pylint: disable=g-import-not-at-top
-      release_root(self._root, True, self._owner_fd)
-      self._root = self._owner_fd = None
-
-  def _sampler(self):
-    if self.spec.backend != "jax":
-      raise AttributeError("call_count: only JAX-sampler actors count their calls")
-    return self.worker
-
-
 # ---- the driver's proxy -------------------------------------------------------------------------
 
-
-def stored_weights(weights: Weights) -> "StoredWeights":
-  """The `StoredWeights` of an object-store handle (waits for its background put); ValueError for
-  a handle without one."""
-  if not isinstance(weights, Weights):
-    raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
-  ref = weights.object_ref
-  if ref is None:
-    raise ValueError(f"Weights of version {weights.version} carry no object-store copy, which Ray "
-                     "actors load (rollout.placement='ray'); publish them with "
-                     "RolloutBackend.publish under placement 'ray' (or ObjectStorePublisher)")
-  weights.wait()
-  if isinstance(ref, concurrent.futures.Future):
-    ref = ref.result()
-  return ref
 
 
 class RayWorker:
@@ -641,148 +485,3 @@ def _resources(resources: dict[str, float]) -> str:
   return "{" + ", ".join(f"{k}: {resources[k] / 2**30:.1f} GiB" if "memory" in k else
                          f"{k}: {resources[k]:g}" for k in keys) + "}"
 
-
-# ---- weights through the object store -----------------------------------------------------------
-
-
-@dataclasses.dataclass
-class StoredWeights:
-  """One version in Ray's object store. `ref` is the `ray.ObjectRef` of the payload, None once
-  the publisher dropped it (only the newest `keep` versions stay referenced)."""
-  version: int
-  ref: Any
-  nbytes: int
-  put_s: float
-
-
-@dataclasses.dataclass
-class PutRecord:
-  """One publish: version, payload bytes, the trainer's stall (device -> host copy) and the
-  background put (HF layout + `ray.put`) [s]."""
-  version: int
-  nbytes: int
-  stall_s: float
-  put_s: float = float("nan")  # NaN until the object is stored
-
-
-class ObjectStorePublisher:
-  """Publishes successive parameter versions into Ray's object store (see the module docstring).
-
-  Args:
-    cfg: the architecture. form: "params" (the numpy parameter pytree, for JAX-sampler actors) or
-      "hf" (the HF-named, HF-layout state dict, for vLLM actors).
-    dtype: the payload's dtype ("float32" | "bfloat16" | "float16"; cast on device before the host
-      copy); None keeps the params' own (the JAX samplers' in-process behaviour).
-    keep: the newest versions whose objects stay referenced (>= 1; a worker may be about to load
-      version v while v + 1 is stored, so 2 or more for a pool).
-  """
-
-  def __init__(self, cfg, form: str, dtype: Optional[str] = None, keep: int = 3):
-    if form not in ("params", "hf"):
-      raise ValueError(f"form={form!r}: expected 'params' (JAX samplers) or 'hf' (vLLM engines)")
-    if dtype is not None and dtype not in shm_weights.DTYPES:
-      raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_weights.DTYPES)} or None")
-    if keep < 1:
-      raise ValueError(f"keep={keep} must be >= 1")
-    if not ray.is_initialized():
-      raise RuntimeError("ObjectStorePublisher needs Ray: connect first (ray_workers.connect, or "
-                         "a RayRolloutGroup)")
-    self.cfg, self.form, self.dtype, self.keep = cfg, form, dtype, int(keep)
-    self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ray-publisher")
-    self._lock = threading.Lock()
-    self._stored: collections.deque[StoredWeights] = collections.deque()
-    self._last_version: Optional[int] = None
-    self.history: list[PutRecord] = []
-    self._closed = False
-
-  @property
-  def latest(self) -> Optional[PutRecord]:
-    return self.history[-1] if self.history else None
-
-  def publish(self, params: Any, version: int) -> Weights:
-    """Hands `params` over as `version`; returns at once with `Weights(object_ref=future,
-    ready=future)` (the future's result: the `StoredWeights`). `params` (jax arrays, fully
-    addressable, or numpy) may be donated as soon as this returns."""
-    import jax  # pylint: disable=g-import-not-at-top
-    version = int(version)
-    with self._lock:
-      if self._closed:
-        raise RuntimeError("this ObjectStorePublisher is closed")
-      if self._last_version is not None and version <= self._last_version:
-        raise ValueError(f"version {version} is not newer than the last published version "
-                         f"{self._last_version}; versions must increase")
-      start = time.perf_counter()
-      leaves, treedef = jax.tree_util.tree_flatten(params)
-      host = _copy_to_host(leaves, self.dtype)
-      record = PutRecord(version, sum(x.nbytes for x in host), time.perf_counter() - start)
-      future = self._executor.submit(self._put, treedef, host, version, record)
-      self._last_version = version
-      self.history.append(record)
-    return Weights(version=version, cfg=self.cfg, object_ref=future, ready=future)
-
-  def close(self) -> None:
-    """Finishes pending puts and drops every reference (Ray frees the objects)."""
-    with self._lock:
-      if self._closed:
-        return
-      self._closed = True
-    self._executor.shutdown(wait=True)
-    with self._lock:
-      for stored in self._stored:
-        stored.ref = None
-      self._stored.clear()
-
-  def __enter__(self) -> "ObjectStorePublisher":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-  def _put(self, treedef, host: list[np.ndarray], version: int, record: PutRecord) -> StoredWeights:
-    import jax  # pylint: disable=g-import-not-at-top
-    start = time.perf_counter()
-    tree = jax.tree_util.tree_unflatten(treedef, host)
-    payload = tree if self.form == "params" else _hf_state_dict(self.cfg, tree)
-    nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(payload))
-    ref = ray.put(payload)
-    del payload, tree, host
-    record.put_s = time.perf_counter() - start
-    stored = StoredWeights(version, ref, nbytes, record.put_s)
-    with self._lock:
-      self._stored.append(stored)
-      while len(self._stored) > self.keep:
-        self._stored.popleft().ref = None
-    return stored
-
-
-def _copy_to_host(leaves: list[Any], dtype: Optional[str]) -> list[np.ndarray]:
-  """Host copies of `leaves` (cast on device to `dtype` first), all transfers in flight at once."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  if dtype is not None:
-    target = jnp.dtype(dtype)
-    leaves = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
-              for x in leaves]
-  for x in leaves:
-    if isinstance(x, jax.Array):
-      x.copy_to_host_async()
-  out = []
-  for x in leaves:
-    host = np.array(x)  # a copy: the train step may donate the device buffer next
-    if dtype is not None and host.dtype != shm_weights.DTYPES[dtype]:
-      host = host.astype(shm_weights.DTYPES[dtype])
-    out.append(host)
-  return out
-
-
-def _hf_state_dict(cfg, params: Any) -> dict[str, np.ndarray]:
-  """{HF name: HF-layout array} of host `params` (HF order; transposes in slabs, as the segment
-  writer does; padding and layer stacking undone)."""
-  from jaxreplay.models import hf_io  # pylint: disable=g-import-not-at-top
-  out = {}
-  for name, shape, transpose, source in hf_io.hf_sources(cfg, params):
-    src = source()
-    dst = np.empty(shape, src.dtype)
-    shm_weights.default_copy(dst, src, transpose)
-    out[name] = dst
-  return out

@@ -39,6 +39,26 @@ from jaxreplay.rollout.weight_sync import claim_root, release_root
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
 
 
+def host_copies(leaves: list[Any], dtype: Optional[str] = None,
+                into: Optional[list[np.ndarray]] = None) -> list[np.ndarray]:
+  """Host copies of `leaves` (jax arrays or numpy), cast on device to `dtype` first (None keeps
+  each leaf's), every device -> host transfer in flight before the first wait. Written into `into`
+  (reused buffers) when its shapes match, else into new arrays; the copies never alias the leaves,
+  so the train step may donate them next. Returns the buffers."""
+  if dtype is not None:
+    target = jnp.dtype(dtype)
+    leaves = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
+              for x in leaves]
+  for x in leaves:
+    if isinstance(x, jax.Array):
+      x.copy_to_host_async()
+  if into is None or [b.shape for b in into] != [tuple(x.shape) for x in leaves]:
+    into = [np.empty(x.shape, jnp.dtype(dtype) if dtype is not None else x.dtype) for x in leaves]
+  for buf, x in zip(into, leaves):
+    np.copyto(buf, np.asarray(x), casting="unsafe")
+  return into
+
+
 @dataclasses.dataclass
 class PublishRecord:
   """One publish: version, segment path, bytes, the trainer's stall and the background write [s]."""
@@ -149,19 +169,8 @@ class ShmPublisher:
 
   def _copy_to_host(self, index: int, leaves: list[Any]) -> list[np.ndarray]:
     """The trainer-side part: every leaf, cast on device, copied into staging buffer `index`."""
-    target = jnp.dtype(self.dtype)
-    on_device = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
-                 for x in leaves]
-    for x in on_device:
-      if isinstance(x, jax.Array):
-        x.copy_to_host_async()  # all transfers in flight before the first wait
-    staging = self._staging[index]
-    if staging is None or [b.shape for b in staging] != [tuple(x.shape) for x in on_device]:
-      staging = [np.empty(x.shape, target) for x in on_device]
-      self._staging[index] = staging
-    for buf, x in zip(staging, on_device):
-      np.copyto(buf, np.asarray(x), casting="unsafe")
-    return staging
+    self._staging[index] = host_copies(leaves, self.dtype, into=self._staging[index])
+    return self._staging[index]
 
   def _write(self, reservation, treedef, host, index: int, version: int,
              record: PublishRecord) -> str:
