@@ -3,14 +3,20 @@
 For each model size (tiny, a ~64M Qwen3, a Qwen3-0.6B-sized one) one in-process `VllmEngine` starts
 from a config-only directory (placeholder weights) and takes `--repeats` refreshes per transport:
 
-  shm  (rollout.weight_transport="shm", the default): `ShmPublisher.publish` = the trainer's stall
-       (`stall_s`: the device -> host copy), then the background segment write (`write_s`: HF names
-       and layouts into /dev/shm), then the engine's load through vLLM's weight-transfer API
-       (`engine_s`, of which `load_s` = model.load_weights with the per-layer processing,
-       `repack_s` = vLLM's CPU re-packing of the linear weights inside it, `finalize_s`);
-  file (the fallback): `WeightPublisher.publish` (safetensors dir) + vLLM `reload_weights`.
+  shm    (rollout.weight_transport="shm", what a CPU run does): `ShmPublisher(kernel_layout="jax")`
+         copies the params straight into a /dev/shm segment on the trainer's thread (`stall_s`, of
+         which `write_s` is the segment copy), then the engine re-packs each linear layer straight
+         from the segment (`rollout.vllm_direct_load`; `engine_s`, of which `load_s` is the load,
+         `repack_s` vLLM's CPU re-packing of the linear layers and LM head);
+  shm-hf (the path GPU engines take, and CPU runs before `vllm_direct_load`): the host copy
+         (`stall_s`), the HF-layout segment written on a background thread (`write_s`), the
+         engine's load through vLLM's weight-transfer API with its generic layerwise reload
+         (`load_s` = model.load_weights with the per-layer processing, `repack_s` inside it,
+         `finalize_s`);
+  file   (the fallback): `WeightPublisher.publish` (safetensors dir) + vLLM `reload_weights`.
 
-`total_s` = stall + write + engine (the refresh's latency when nothing overlaps). The floor is
+`total_s` = publish + wait until written + engine load (the refresh's latency when nothing
+overlaps). The floor is
 `np.copyto` of the published bytes into buffers written before (no page faults), best of several,
 measured in the same run between the refreshes; `total_over_floor` = total / floor, and, since
 vLLM's own re-packing on CPU is a cost of any transport, `total_over_floor_plus_repack` = total /
@@ -31,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,6 +49,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxreplay import models  # noqa: E402
+from jaxreplay.models import hf_io  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
 from jaxreplay.rollout.shm_publisher import ShmPublisher  # noqa: E402
 from jaxreplay.rollout.vllm_worker import VllmEngine  # noqa: E402
@@ -96,6 +104,19 @@ def logprob_gap(cfg, params, engine) -> float:
   return gap
 
 
+def _publisher(cfg, transport: str):
+  """shm: the CPU default (kernels in the trainer's layout, written on the trainer's thread,
+  re-packed straight from the segment); shm-hf: HF layout written in the background and vLLM's
+  generic layerwise reload (the GPU path's shape, and this bench's before); file: safetensors."""
+  if transport == "shm":
+    return ShmPublisher(cfg, "float32", keep=2, kernel_layout="jax")
+  if transport == "shm-hf":
+    return ShmPublisher(cfg, "float32", keep=2, kernel_layout="hf")
+  if transport == "file":
+    return WeightPublisher(keep=1)
+  raise ValueError(f"transport {transport!r}: expected shm, shm-hf or file")
+
+
 def _best(rows, key):
   return min(r[key] for r in rows)
 
@@ -110,41 +131,46 @@ def bench_config(name, cfg, repeats: int, transports) -> dict:
   jax.block_until_ready(params)
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(params[0]))
   result = {"config": name, "params": int(n_params), "dtype": "float32", "repeats": repeats}
-  with ShmPublisher(cfg, "float32", keep=2) as shm, WeightPublisher(keep=1) as files:
-    nbytes = shm._nbytes()  # pylint: disable=protected-access
-    floor = Floor(nbytes)
-    floor.measure()
-    version = 0
-    start = time.perf_counter()
-    engine = VllmEngine(shm.model_dir, weights_pending=True, max_model_len=256, max_num_seqs=32,
-                        seed=0)
-    engine.load_weights(shm.publish(params[0], version))
-    result["engine_startup_s"] = time.perf_counter() - start
-    try:
-      for transport in transports:
+  model_dir = tempfile.mkdtemp(prefix="bench-weight-sync-", dir="/dev/shm")
+  hf_io.write_config_files(cfg, model_dir, "float32")
+  floor = None
+  version = 0
+  start = time.perf_counter()
+  engine = VllmEngine(model_dir, weights_pending=True, max_model_len=256, max_num_seqs=32, seed=0)
+  try:
+    for transport in transports:
+      # One publisher at a time: a 0.6B model's slots (3 x 2.4 GB per publisher) must fit in RAM.
+      with _publisher(cfg, transport) as publisher:
+        if floor is None:
+          nbytes = publisher._nbytes()  # pylint: disable=protected-access
+          floor = Floor(nbytes)
+          floor.measure()
+          engine.load_weights(publisher.publish(params[0], version))
+          result["engine_startup_s"] = time.perf_counter() - start
         rows = []
         # Unmeasured refreshes first: every slot of the ring (and the file path's directories) has
         # been written once, as in a run's steady state (fresh /dev/shm pages cost ~5x a memcpy).
-        warmup = shm.keep + 1 if transport == "shm" else 1
+        warmup = publisher.keep + 1 if transport.startswith("shm") else 1
+        engine.direct_load = transport == "shm"
         for k in range(warmup + repeats):
           version += 1
           p = params[(version) % 2]
           floor.measure()
-          if transport == "shm":
+          if transport.startswith("shm"):
             t0 = time.perf_counter()
-            weights = shm.publish(p, version)
+            weights = publisher.publish(p, version)
             weights.wait()
-            rec = shm.latest
+            rec = publisher.latest
             phases = engine.load_weights(weights)
             total = time.perf_counter() - t0
             rows.append({"stall_s": rec.stall_s, "write_s": rec.write_s,
                          "load_s": phases["load_s"], "repack_s": phases["repack_s"],
                          "finalize_s": phases["finalize_s"], "engine_s": phases["total_s"],
-                         "total_s": total})
+                         "direct": phases["direct"], "total_s": total})
           else:
             t0 = time.perf_counter()
-            hf_dir = files.publish(cfg, p, version)
-            rec = files.latest
+            hf_dir = publisher.publish(cfg, p, version)
+            rec = publisher.latest
             engine.load_weights(Weights(version, hf_dir=hf_dir))
             total = time.perf_counter() - t0
             rows.append({"stall_s": rec.seconds, "write_s": rec.write_seconds,
@@ -158,9 +184,10 @@ def bench_config(name, cfg, repeats: int, transports) -> dict:
         entry = {"best": best, "median_total_s": float(np.median([r["total_s"] for r in rows])),
                  "logprob_max_abs_diff_after_refresh": gap, "runs": rows}
         result[transport] = entry
-    finally:
-      engine.close()
-    result.update(bytes=int(nbytes), memcpy_floor_s=floor.best)
+  finally:
+    engine.close()
+    shutil.rmtree(model_dir, ignore_errors=True)
+  result.update(bytes=int(floor.src.nbytes), memcpy_floor_s=floor.best)
   for transport in transports:
     entry, best = result[transport], result[transport]["best"]
     entry["total_over_floor"] = best["total_s"] / floor.best
@@ -199,7 +226,7 @@ def print_table(results, tiny_default):
         f"{'load ms':>8} {'repack ms':>9} {'engine ms':>9} {'total ms':>9} {'floor ms':>9} "
         f"{'x floor':>8} {'x(fl+rp)':>8} {'lp diff':>8}")
   for r in results:
-    for transport in ("shm", "file"):
+    for transport in ("shm", "shm-hf", "file"):
       if transport not in r:
         continue
       e, b = r[transport], r[transport]["best"]
@@ -222,14 +249,15 @@ def main():
                       help="tiny and 64M only, 2 refreshes per transport, 6 tiny-default steps")
   parser.add_argument("--out", default=RESULTS, help="a directory (weight_sync.json in it) or a .json")
   parser.add_argument("--repeats", type=int, default=0, help="refreshes per transport (0: 2 / 5)")
-  parser.add_argument("--transports", default="shm,file")
+  parser.add_argument("--transports", default="shm,shm-hf,file")
   parser.add_argument("--tiny_default_steps", type=int, default=-1,
                       help="steps of the tiny-default stall run (-1: 6 quick / 20; 0: skip)")
   args = parser.parse_args()
   repeats = args.repeats or (2 if args.quick else 5)
   transports = [t for t in args.transports.split(",") if t]
   # Qwen3-0.6B-sized (2.4 GB f32): shm only (a file copy of it too does not fit 23 GB beside it).
-  results = [bench_config(name, cfg, repeats, transports if "0.6b" not in name else ["shm"])
+  big = [t for t in transports if t.startswith("shm")]
+  results = [bench_config(name, cfg, repeats, transports if "0.6b" not in name else big)
              for name, cfg in configs(args.quick).items()]
   steps = args.tiny_default_steps if args.tiny_default_steps >= 0 else (6 if args.quick else 20)
   tiny_default = tiny_default_stall(steps) if steps else None

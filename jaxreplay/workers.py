@@ -6,9 +6,12 @@ handle the workers load with `load_weights`:
           donates its own buffers), no host round trip.
   - vllm: `VllmWorkerProcess`es (one engine process per worker), in the engines' dtype
           (rollout.vllm_dtype), by rollout.weight_transport:
-          "shm": a shared-memory segment of HF tensors (`ShmPublisher`: the trainer only copies the
-                 params to host, the segment is written in the background; engines start from
-                 its config-only `model_dir` and load segments through vLLM's weight-transfer API);
+          "shm": a shared-memory segment of HF tensors (`ShmPublisher`; engines start from its
+                 config-only `model_dir`). GPU engines: the trainer only copies the params to
+                 host, the HF-layout segment is written in the background and loaded through
+                 vLLM's weight-transfer API. CPU engines: kernels stay in the trainer's layout,
+                 the trainer copies them straight into the segment and each engine re-packs its
+                 linear layers from it (`rollout.vllm_direct_load`);
           "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
           Each engine loads a refresh in one RPC.
 With several trainer processes every process gathers full host copies first (a collective).
@@ -70,9 +73,11 @@ class RolloutBackend:
       raise ValueError(f"rollout.placement={self.placement!r}: expected one of {PLACEMENTS}")
     self.ray_group = None
     on_cpu = jax.default_backend() == "cpu"
+    self.engines_on_cpu = on_cpu
     if self.placement == "ray":  # the engines run where their bundles' GPUs (or none) are
       self.ray_gpus = ray_gpus_per_worker(config, on_cpu)
       on_cpu = self.ray_gpus == 0
+      self.engines_on_cpu = on_cpu
     if self.backend == "vllm":
       self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
       self.transport = config.rollout.weight_transport
@@ -141,7 +146,10 @@ class RolloutBackend:
       return ray_workers.ObjectStorePublisher(self.model_cfg, "hf", self.dtype, keep=keep)
     if self.transport == "shm":
       from jaxreplay.rollout.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
-      return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2))
+      # CPU engines re-pack every kernel from the trainer's [in, out] layout
+      # (`vllm_direct_load`): no transposes, the segment written on the trainer's thread.
+      return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2),
+                          kernel_layout="jax" if self.engines_on_cpu else "hf")
     from jaxreplay.rollout.weight_sync import WeightPublisher  # pylint: disable=g-import-not-at-top
     return WeightPublisher(keep=keep)
 

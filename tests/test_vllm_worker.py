@@ -57,11 +57,11 @@ def _padded(seqs):
   return out
 
 
-def jax_logprobs_many(params, pairs):
+def jax_logprobs_many(params, pairs, cfg=CFG):
   """models.token_logprobs of each (group, completion)'s completion tokens: a list of f32 [L]."""
   seqs = [np.concatenate([g.prompt_tokens, c.tokens]) for g, c in pairs]
   tokens = _padded(seqs)
-  lp = np.asarray(models.token_logprobs(CFG, params, tokens[:, :-1], tokens[:, 1:]))
+  lp = np.asarray(models.token_logprobs(cfg, params, tokens[:, :-1], tokens[:, 1:]))
   return [lp[i, len(g.prompt_tokens) - 1:len(s) - 1] for i, ((g, _), s) in enumerate(zip(pairs, seqs))]
 
 
@@ -77,10 +77,10 @@ def pairs_of(groups):
   return [(g, c) for g in groups for c in g.completions]
 
 
-def logprob_diffs(groups, params):
+def logprob_diffs(groups, params, cfg=CFG):
   pairs = pairs_of(groups)
   return np.concatenate([np.abs(ref - c.logprobs)
-                         for ref, (_, c) in zip(jax_logprobs_many(params, pairs), pairs)])
+                         for ref, (_, c) in zip(jax_logprobs_many(params, pairs, cfg), pairs)])
 
 
 def processed_reference(logits, tokens, temperature, top_k=0, top_p=1.0):

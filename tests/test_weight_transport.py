@@ -33,12 +33,14 @@ QWEN2 = models.presets.tiny(model_type="qwen2", tie_word_embeddings=False, atten
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.parametrize("kernel_layout", ["hf", "jax"])
 @pytest.mark.parametrize("cfg", [TINY, QWEN2], ids=["qwen3_tied", "qwen2_untied_bias"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype):
+def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype, kernel_layout):
+  """Either kernel layout reads back as the HF state dict (names, order, [out, in] shapes)."""
   params = models.init_params(cfg, jax.random.key(0))
   reference = hf_io.to_hf_state_dict(cfg, jax.device_get(params))
-  with ShmPublisher(cfg, dtype) as pub:
+  with ShmPublisher(cfg, dtype, kernel_layout=kernel_layout) as pub:
     weights = pub.publish(params, 3)
     weights.wait(30)
     version, tensors = shm_weights.read_segment(weights.shm_path, 3)
@@ -66,6 +68,92 @@ def test_default_copy_transposes_in_slabs_exactly(shape, dtype):
   flat = np.empty(shape, np.float32)
   shm_weights.default_copy(flat, src, transpose=False)
   np.testing.assert_array_equal(flat, src)
+
+
+def test_jax_layout_stores_one_module_s_kernels_side_by_side():
+  """kernel_layout "jax": q/k/v/o_proj (same input size) share one row-major [in, 384] block in
+  column order, gate/up share another, down_proj (other input size) and non-kernels stand alone;
+  each HF view is a strided view of its block."""
+  params = models.init_params(TINY, jax.random.key(0))
+  with ShmPublisher(TINY, "float32", kernel_layout="jax") as pub:
+    weights = pub.publish(params, 0)
+    with shm_weights.SegmentReader(weights.shm_path, 0) as reader:
+      entries = {e[0]: e for e in reader.header["tensors"]}
+      views = dict(reader.tensors())
+      attn = "model.layers.0.self_attn."
+      q, k, v, o = (entries[attn + f"{n}_proj.weight"] for n in "qkvo")
+      assert [e[4] for e in (q, k, v, o)] == [128 + 64 + 64 + 128] * 4
+      assert [e[3] - q[3] for e in (q, k, v, o)] == [0, 128 * 4, 192 * 4, 256 * 4]
+      gate, up, down = (entries[f"model.layers.0.mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+      assert gate[4] == up[4] == 2 * 384 and up[3] - gate[3] == 384 * 4
+      assert down[4] == 128 and len(entries["model.layers.0.input_layernorm.weight"]) == 4
+      assert views[attn + "k_proj.weight"].shape == (64, 128)
+      assert views[attn + "k_proj.weight"].strides == (4, 384 * 4)  # the [in, out] kernel's .T
+      assert not views[attn + "k_proj.weight"].flags.writeable
+
+
+def test_jax_layout_writes_on_the_trainer_thread_and_survives_donation():
+  """kernel_layout "jax": publish returns with the segment written (no staging copy, no
+  background write), so the params may be donated at once."""
+  params = models.init_params(TINY, jax.random.key(1))
+  reference = hf_io.to_hf_state_dict(TINY, jax.device_get(params))
+  with ShmPublisher(TINY, "float32", kernel_layout="jax") as pub:
+    weights = pub.publish(params, 1)
+    assert weights.is_ready()
+    record = pub.latest
+    assert 0 < record.write_s <= record.stall_s
+    for leaf in jax.tree_util.tree_leaves(params):
+      leaf.delete()
+    _, tensors = shm_weights.read_segment(weights.shm_path, 1)
+  for name, ref in reference.items():
+    np.testing.assert_array_equal(tensors[name], ref, err_msg=name)
+  with pytest.raises(ValueError, match="kernel_layout"):
+    ShmPublisher(TINY, "float32", kernel_layout="torch")
+
+
+def test_copies_split_across_threads_equal_one_copy():
+  """A slot written by several copy threads in pieces (tensors larger than COPY_CHUNK_BYTES)
+  equals the sources, in both layouts; a second write reuses the slot's mapping."""
+  rng = np.random.default_rng(0)
+  kernel = rng.standard_normal((300, 40)).astype(np.float32)  # JAX [in, out]
+  vector = rng.standard_normal(5000).astype(np.float32)
+  sources = [("a.b.w", (40, 300), True, lambda: kernel), ("a.b.v", (5000,), False, lambda: vector)]
+  root = os.path.join("/dev/shm", f"jaxreplay-test-copies-{os.getpid()}")
+  os.makedirs(root)
+  ring = shm_weights.SlotRing(root, copy_threads=3)
+  old = shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES
+  shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES = 1024, 0  # many pieces
+  try:
+    for source_layout in (False, True):
+      path, nbytes = ring.write(sources, "float32", 1, set(), source_layout=source_layout)
+      mapping = ring._slots[0]["mm"]  # pylint: disable=protected-access
+      _, got = shm_weights.read_segment(path, 1)
+      np.testing.assert_array_equal(got["a.b.w"], kernel.T)
+      np.testing.assert_array_equal(got["a.b.v"], vector)
+      assert nbytes == (kernel.size + vector.size) * 4
+    assert ring._slots[0]["mm"] is mapping  # pylint: disable=protected-access
+  finally:
+    shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES = old
+    ring.remove()
+    os.rmdir(root)
+
+
+def test_reader_mapping_follows_a_replaced_slot_file():
+  """Readers keep a slot's mapping between loads; a slot file removed and made again at the same
+  path (a new publisher in the same root) is read afresh, never through the old mapping."""
+  root = os.path.join("/dev/shm", f"jaxreplay-test-remap-{os.getpid()}")
+  os.makedirs(root)
+  try:
+    for value in (1.0, 2.0, 3.0):
+      ring = shm_weights.SlotRing(root)
+      tensor = np.full((64,), value, np.float32)
+      path, _ = ring.write([("x", (64,), False, lambda t=tensor: t)], "float32", 7, set())
+      assert path.endswith("slot-0.seg")
+      np.testing.assert_array_equal(shm_weights.read_segment(path, 7)[1]["x"], tensor)
+      np.testing.assert_array_equal(shm_weights.read_segment(path, 7)[1]["x"], tensor)
+      ring.remove()
+  finally:
+    os.rmdir(root)
 
 
 def test_publish_returns_after_the_host_copy_and_survives_donation(monkeypatch):
@@ -275,6 +363,44 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
       chex.assert_trees_all_close(
           [c.logprobs for g in _generate_fixed(engine, sampling) for c in g.completions],
           [c.logprobs for g in by_shm for c in g.completions], atol=1e-6)
+    finally:
+      engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [TINY, QWEN2], ids=["qwen3_tied", "qwen2_untied_bias"])
+def test_direct_cpu_load_equals_vllm_generic_reload(cfg):
+  """CPU engines re-pack each linear layer straight from the segment (`vllm_direct_load`): from
+  a trainer-layout segment (q/k/v side by side: no copy) and from an HF-layout one, the engine
+  generates exactly what vLLM's generic layerwise reload gives, and matches the JAX forward."""
+  require("vllm")
+  from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
+  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  params = [models.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
+  sampling = SamplingParams(max_tokens=16)
+  with ShmPublisher(cfg, "float32", keep=2, kernel_layout="jax") as jax_layout, \
+      ShmPublisher(cfg, "float32", keep=2, kernel_layout="hf") as hf_layout:
+    engine = VllmEngine(jax_layout.model_dir, weights_pending=True, max_model_len=128,
+                        max_num_seqs=32)
+    try:
+      assert engine.load_weights(jax_layout.publish(params[0], 0))["direct"] == 1.0
+      assert logprob_diffs(_generate_fixed(engine, sampling), params[0], cfg).max() < 1e-3
+      engine.direct_load = False
+      assert engine.load_weights(hf_layout.publish(params[1], 1))["direct"] == 0.0
+      generic = _generate_fixed(engine, sampling)
+      engine.direct_load = True
+      engine.load_weights(jax_layout.publish(params[0], 2))  # away and back
+      phases = engine.load_weights(jax_layout.publish(params[1], 3))
+      assert phases["direct"] == 1.0 and 0 < phases["repack_s"] <= phases["load_s"]
+      direct = _generate_fixed(engine, sampling)
+      engine.load_weights(hf_layout.publish(params[1], 4))  # HF rows side by side: direct too
+      direct_hf = _generate_fixed(engine, sampling)
+      for other in (direct, direct_hf):
+        for a, b in zip(generic, other):
+          for ca, cb in zip(a.completions, b.completions):
+            np.testing.assert_array_equal(ca.tokens, cb.tokens)
+            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-6)
+      assert logprob_diffs(direct, params[1], cfg).max() < 1e-3
     finally:
       engine.close()
 

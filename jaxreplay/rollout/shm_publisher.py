@@ -14,6 +14,12 @@ The trainer's stall per refresh (`PublishRecord.stall_s`, logged as `time/publis
 copy, plus a wait only when both staging buffers are still being written (two refreshes within
 one segment write). `model_dir` holds config.json and generation_config.json (no weights) for
 starting engines (`load_format="dummy"`, then the first segment).
+
+`kernel_layout="jax"` (what CPU runs use: their engines re-pack every kernel from the trainer's
+[in, out] layout anyway, `rollout.vllm_direct_load`) stores each kernel as the trainer holds it
+(marked in the segment's header; readers still see HF names and shapes). Nothing is transposed
+then, so the trainer's thread copies the params straight into the segment: one copy of the model
+instead of two, no staging buffers, `ready` settled on return; `write_s` is part of `stall_s`.
 """
 from __future__ import annotations
 
@@ -59,6 +65,19 @@ def host_copies(leaves: list[Any], dtype: Optional[str] = None,
   return into
 
 
+def host_views(leaves: list[Any], dtype: str) -> list[np.ndarray]:
+  """Numpy arrays of `leaves` in `dtype` (cast on device first), every device -> host transfer in
+  flight before the first wait. They may alias the leaves (zero-copy on the CPU backend): copy
+  out of them before the leaves are donated."""
+  target = jnp.dtype(dtype)
+  leaves = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
+            for x in leaves]
+  for x in leaves:
+    if isinstance(x, jax.Array):
+      x.copy_to_host_async()
+  return [np.asarray(x, dtype=target) for x in leaves]
+
+
 @dataclasses.dataclass
 class PublishRecord:
   """One publish: version, segment path, bytes, the trainer's stall and the background write [s]."""
@@ -80,15 +99,21 @@ class ShmPublisher:
     keep: the newest versions whose slots are never reused (>= 2: a worker may still be about to
       load version v while v + 1 is written).
     tokenizer_dir: its generation_config.json is kept in `model_dir` (every eos id).
+    kernel_layout: "hf" (HF [out, in] kernels, transposed on the background thread) or "jax"
+      (kernels stored in the trainer's [in, out] layout, written on the trainer's thread).
   """
 
   def __init__(self, cfg: ModelConfig, dtype: str = "float32", root: Optional[str] = None,
-               keep: int = 3, tokenizer_dir: Optional[str] = None):
+               keep: int = 3, tokenizer_dir: Optional[str] = None, kernel_layout: str = "hf"):
+    if kernel_layout not in ("hf", "jax"):
+      raise ValueError(f"kernel_layout={kernel_layout!r}: expected 'hf' or 'jax'")
+    self.kernel_layout = kernel_layout
     if keep < 2:
       raise ValueError(f"keep={keep} must be >= 2 (workers load version v while v + 1 is written)")
     if dtype not in shm_weights.DTYPES:
       raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_weights.DTYPES)}")
     self.cfg, self.dtype, self.keep = cfg, dtype, int(keep)
+    self._segment_bytes: Optional[int] = None
     self.root, self._owns_root, self._owner_fd = claim_root(root)
     self.model_dir = os.path.join(self.root, "model")
     os.makedirs(self.model_dir, exist_ok=True)
@@ -124,19 +149,23 @@ class ShmPublisher:
       if self._versions and version <= self._versions[-1]:
         raise ValueError(f"version {version} is not newer than the last published version "
                          f"{self._versions[-1]}; versions must increase")
-      self._free.acquire()  # waits only when both staging buffers are being written
-      with self._staging_lock:
-        index = self._staging_free.pop()
-      leaves, treedef = jax.tree_util.tree_flatten(params)
-      host = self._copy_to_host(index, leaves)
       protect = set(self._versions[-(self.keep - 1):]) if self.keep > 1 else set()
-      reservation = self._ring.reserve(protect)
-      stall = time.perf_counter() - start
-      record = PublishRecord(version, reservation.path, self._nbytes(), stall)
-      future = self._executor.submit(self._write, reservation, treedef, host, index, version, record)
+      if self.kernel_layout == "jax":
+        record, future = self._write_now(params, version, protect, start)
+      else:
+        self._free.acquire()  # waits only when both staging buffers are being written
+        with self._staging_lock:
+          index = self._staging_free.pop()
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        host = self._copy_to_host(index, leaves)
+        reservation = self._ring.reserve(protect)
+        stall = time.perf_counter() - start
+        record = PublishRecord(version, reservation.path, self._nbytes(), stall)
+        future = self._executor.submit(self._write, reservation, treedef, host, index, version,
+                                       record)
       self._versions.append(version)
       self.history.append(record)
-    return Weights(version=version, shm_path=reservation.path, cfg=self.cfg, ready=future)
+    return Weights(version=version, shm_path=record.shm_path, cfg=self.cfg, ready=future)
 
   def wait(self) -> None:
     """Blocks until every segment published so far is written."""
@@ -164,13 +193,31 @@ class ShmPublisher:
 
   def _nbytes(self) -> int:
     """Bytes of tensor data in one segment (the HF tensors in `dtype`)."""
-    shapes = [r.hf_shape(self.cfg) for _, r, _ in layout.entries(self.cfg)]
-    return sum(int(np.prod(s)) for s in shapes) * shm_weights.DTYPES[self.dtype].itemsize
+    if self._segment_bytes is None:
+      shapes = [r.hf_shape(self.cfg) for _, r, _ in layout.entries(self.cfg)]
+      self._segment_bytes = (sum(int(np.prod(s)) for s in shapes)
+                             * shm_weights.DTYPES[self.dtype].itemsize)
+    return self._segment_bytes
 
   def _copy_to_host(self, index: int, leaves: list[Any]) -> list[np.ndarray]:
     """The trainer-side part: every leaf, cast on device, copied into staging buffer `index`."""
     self._staging[index] = host_copies(leaves, self.dtype, into=self._staging[index])
     return self._staging[index]
+
+  def _write_now(self, params: Any, version: int, protect: set[int], start: float):
+    """kernel_layout "jax": every leaf (cast on device) copied straight into a slot, on this
+    thread. Returns (record, a settled future)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    host = host_views(leaves, self.dtype)
+    reservation = self._ring.reserve(protect)
+    write_start = time.perf_counter()
+    sources = hf_io.hf_sources(self.cfg, jax.tree_util.tree_unflatten(treedef, host))
+    path, _ = reservation.fill(sources, self.dtype, version, source_layout=True)
+    now = time.perf_counter()
+    record = PublishRecord(version, path, self._nbytes(), now - start, now - write_start)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(path)
+    return record, future
 
   def _write(self, reservation, treedef, host, index: int, version: int,
              record: PublishRecord) -> str:

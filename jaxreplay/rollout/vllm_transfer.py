@@ -26,12 +26,14 @@ import time
 import warnings
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from jaxreplay.rollout import shm_weights
+from jaxreplay.rollout import vllm_direct_load
 from jaxreplay.rollout.vllm_worker import (_RELOAD_LOGGER, _BenignReloadWarnings,
                                            _reload_worker_weights, _repack_tied_head)
 
@@ -58,6 +60,25 @@ def _torch_view(x) -> torch.Tensor:
     if x.dtype == shm_weights.DTYPES["bfloat16"]:
       return torch.from_numpy(x.view("uint16")).view(torch.bfloat16)
     return torch.from_numpy(x)
+
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _torch_views(reader: shm_weights.SegmentReader):
+  """(HF name, torch view) per tensor of `reader`'s segment. Every view shares one storage, the
+  whole mapping, so that shards stored side by side can be taken as one strided matrix."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    whole = torch.from_numpy(np.frombuffer(reader.mapping, np.uint8))
+  base = reader.address_range[0]
+  flats: dict[torch.dtype, torch.Tensor] = {}
+  for name, x in reader.tensors():
+    dtype = _TORCH_DTYPES[x.dtype.name]
+    flat = flats.setdefault(dtype, whole.view(dtype))
+    size = x.itemsize
+    yield name, flat.as_strided(x.shape, tuple(st // size for st in x.strides),
+                                (x.ctypes.data - base) // size)
 
 
 class _RepackTimer:
@@ -101,6 +122,8 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     self._timer: Optional[_RepackTimer] = None
     self._phase: dict[str, float] = {}
     self.last_stats: dict[str, float] = {}
+    self._direct_names: Optional[tuple[str, ...]] = None
+    self._direct: Optional[vllm_direct_load.DirectCpuLoad] = None
 
   def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
     del init_info
@@ -155,6 +178,28 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     self._phase["repack_s"] = repack
     self.last_stats = dict(self._phase)
 
+  def load_direct(self, path: str, version: int) -> Optional[dict[str, float]]:
+    """The refresh of `vllm_direct_load` (CPU: each linear layer re-packed straight from the
+    segment), outside vLLM's session; its phases, or None where it does not apply (nothing is
+    loaded then). Raises `StaleWeights` as `open_segment` does."""
+    start = time.perf_counter()
+    self.open_segment(path, int(version))
+    try:
+      names = tuple(entry[0] for entry in self._reader.header["tensors"])
+      if names != self._direct_names:
+        self._direct = vllm_direct_load.plan(self.model, list(names))
+        self._direct_names = names
+      if self._direct is None:
+        return None
+      self._direct.load(_torch_views(self._reader), self._reader.address_range)
+      nbytes = self._reader.nbytes
+    finally:
+      self._close_reader()
+    stats = {"load_s": time.perf_counter() - start, "repack_s": self._direct.repack_s,
+             "finalize_s": 0.0, "bytes": float(nbytes), "direct": 1.0}
+    self.last_stats = dict(stats)
+    return stats
+
   def shutdown(self) -> None:
     self._close_reader()
 
@@ -190,10 +235,17 @@ class WorkerExtension:
     """transport "file": vLLM's `reload_weights` from an HF directory."""
     _reload_worker_weights(self, weights_path)
 
-  def jaxreplay_load_shm(self, path: str, version: int) -> dict[str, float]:
-    """transport "shm": one weight-transfer session from the segment at `path`; its phases.
-    A superseded segment raises `StaleWeights` before the session starts (weights untouched)."""
+  def jaxreplay_load_shm(self, path: str, version: int, direct: bool = True) -> dict[str, float]:
+    """transport "shm": the segment at `path` loaded, by `vllm_direct_load` where it applies
+    (`direct`; CPU engines) else by one session of vLLM's weight-transfer API; its phases
+    (`direct` 1.0 or 0.0 among them). A superseded segment raises `StaleWeights` before anything
+    is loaded (weights untouched)."""
     start = time.perf_counter()
+    if direct:
+      stats = self.weight_transfer_engine.load_direct(path, int(version))
+      if stats is not None:
+        stats["engine_s"] = time.perf_counter() - start
+        return stats
     self.weight_transfer_engine.open_segment(path, int(version))
     self.start_weight_update()
     try:
@@ -206,5 +258,6 @@ class WorkerExtension:
       raise
     self.finish_weight_update()
     stats = dict(self.weight_transfer_engine.last_stats)
+    stats["direct"] = 0.0
     stats["engine_s"] = time.perf_counter() - start
     return stats

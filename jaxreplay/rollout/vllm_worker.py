@@ -260,6 +260,9 @@ class VllmEngine:
     self.num_generated_tokens = 0
     self.generate_seconds = 0.0
     self.last_update_seconds = 0.0
+    # shm refreshes on CPU: re-pack each linear layer straight from the segment
+    # (`vllm_direct_load`); False keeps vLLM's generic layerwise reload (for comparisons).
+    self.direct_load = True
     self.last_update_phases: dict[str, float] = {}
     self._has_weights = not weights_pending
     start = time.perf_counter()
@@ -323,8 +326,9 @@ class VllmEngine:
       llm = self._require_open()
       start = time.perf_counter()
       if weights.shm_path is not None:
-        phases = dict(llm.collective_rpc("jaxreplay_load_shm",
-                                         args=(weights.shm_path, int(weights.version)))[0])
+        phases = dict(llm.collective_rpc(
+            "jaxreplay_load_shm",
+            args=(weights.shm_path, int(weights.version), bool(self.direct_load)))[0])
       else:
         llm.collective_rpc("jaxreplay_reload_weights", args=(os.path.abspath(weights.hf_dir),))
         phases = {}
