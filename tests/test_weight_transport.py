@@ -401,6 +401,16 @@ def test_direct_cpu_load_equals_vllm_generic_reload(cfg):
             np.testing.assert_array_equal(ca.tokens, cb.tokens)
             np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-6)
       assert logprob_diffs(direct, params[1], cfg).max() < 1e-3
+      # A segment that does not fill every linear layer (here: no k_proj) gets no direct plan.
+      names = hf_io.hf_names(cfg)
+
+      def probe(worker):
+        from jaxreplay.rollout import vllm_direct_load  # pylint: disable=g-import-not-at-top
+        model = worker.model_runner.get_model()
+        partial = [n for n in names if "k_proj.weight" not in n]
+        return (vllm_direct_load.plan(model, names) is not None,
+                vllm_direct_load.plan(model, partial) is None)
+      assert engine._llm.collective_rpc(probe) == [(True, True)]  # pylint: disable=protected-access
     finally:
       engine.close()
 
