@@ -85,7 +85,8 @@ def _child(rounds: int) -> None:
           else:
             fns[form](ta, tb)
           best[side] = min(best[side], time.perf_counter() - start)
-      out.append({"gemm": name, "form": form, "flops": 2 * m * k * n, **{f"{s}_s": t for s, t in best.items()}})
+      out.append({"gemm": name, "form": form, "flops": 2 * m * k * n,
+                  **{f"{side}_s": t for side, t in best.items()}})
   print(json.dumps(out))
 
 
@@ -132,10 +133,11 @@ def main():
     rows.append(row)
   header = f"{'GEMM':>20} {'form':>4} " + " ".join(f"{lib:>8}" for lib in libraries)
   print("GFLOP/s, best of rounds (f32, jitted single dot vs torch)")
-  print(header + f" {'torch':>8} {'best/torch':>10}   (GFLOP/s; best/torch: speed ratio in one process)")
+  print(header + f" {'torch':>8} {'best/torch':>10}   (best/torch: speed ratio in one process)")
   for r in rows:
-    print(f"{r['gemm']:>20} {r['form']:>4} " + " ".join(f"{r[f'{lib}_gflops']:8.0f}" for lib in libraries)
-          + f" {r['torch_gflops']:8.0f} {r['best_jax_over_torch']:10.2f}")
+    gflops = " ".join(f"{r[f'{lib}_gflops']:8.0f}" for lib in libraries)
+    print(f"{r['gemm']:>20} {r['form']:>4} {gflops} {r['torch_gflops']:8.0f} "
+          f"{r['best_jax_over_torch']:10.2f}")
   total = {lib: sum(1 / r[f"{lib}_over_torch"] for r in rows) / len(rows) for lib in libraries}
   total["best_per_gemm"] = sum(1 / r["best_jax_over_torch"] for r in rows) / len(rows)
   print("mean JAX time over torch's (same process): "
@@ -144,7 +146,8 @@ def main():
   import torch  # pylint: disable=g-import-not-at-top
   out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                      "load_average": os.getloadavg()},
-         "jax": jax.__version__, "torch": torch.__version__, "rounds": args.rounds, "repeats": args.repeats,
+         "jax": jax.__version__, "torch": torch.__version__, "rounds": args.rounds,
+         "repeats": args.repeats,
          "libraries": {lib: LIBRARIES[lib] for lib in libraries}, "command": " ".join(sys.argv),
          "mean_time_over_torch": total, "results": rows}
   path = args.out if args.out.endswith(".json") else os.path.join(args.out, "dots.json")

@@ -45,12 +45,9 @@ from jaxreplay.rollout.weight_sync import claim_root, release_root
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
 
 
-def host_copies(leaves: list[Any], dtype: Optional[str] = None,
-                into: Optional[list[np.ndarray]] = None) -> list[np.ndarray]:
-  """Host copies of `leaves` (jax arrays or numpy), cast on device to `dtype` first (None keeps
-  each leaf's), every device -> host transfer in flight before the first wait. Written into `into`
-  (reused buffers) when its shapes match, else into new arrays; the copies never alias the leaves,
-  so the train step may donate them next. Returns the buffers."""
+def _cast_and_start_transfers(leaves: list[Any], dtype: Optional[str]) -> list[Any]:
+  """`leaves` cast on device to `dtype` (None keeps each leaf's), every device -> host transfer
+  started."""
   if dtype is not None:
     target = jnp.dtype(dtype)
     leaves = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
@@ -58,6 +55,16 @@ def host_copies(leaves: list[Any], dtype: Optional[str] = None,
   for x in leaves:
     if isinstance(x, jax.Array):
       x.copy_to_host_async()
+  return leaves
+
+
+def host_copies(leaves: list[Any], dtype: Optional[str] = None,
+                into: Optional[list[np.ndarray]] = None) -> list[np.ndarray]:
+  """Host copies of `leaves` (jax arrays or numpy), cast on device to `dtype` first (None keeps
+  each leaf's), every device -> host transfer in flight before the first wait. Written into `into`
+  (reused buffers) when its shapes match, else into new arrays; the copies never alias the leaves,
+  so the train step may donate them next. Returns the buffers."""
+  leaves = _cast_and_start_transfers(leaves, dtype)
   if into is None or [b.shape for b in into] != [tuple(x.shape) for x in leaves]:
     into = [np.empty(x.shape, jnp.dtype(dtype) if dtype is not None else x.dtype) for x in leaves]
   for buf, x in zip(into, leaves):
@@ -70,12 +77,7 @@ def host_views(leaves: list[Any], dtype: str) -> list[np.ndarray]:
   flight before the first wait. They may alias the leaves (zero-copy on the CPU backend): copy
   out of them before the leaves are donated."""
   target = jnp.dtype(dtype)
-  leaves = [x.astype(target) if isinstance(x, jax.Array) and x.dtype != target else x
-            for x in leaves]
-  for x in leaves:
-    if isinstance(x, jax.Array):
-      x.copy_to_host_async()
-  return [np.asarray(x, dtype=target) for x in leaves]
+  return [np.asarray(x, dtype=target) for x in _cast_and_start_transfers(leaves, dtype)]
 
 
 @dataclasses.dataclass

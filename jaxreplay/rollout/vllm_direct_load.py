@@ -54,7 +54,8 @@ def _onednn_branch(n: int, k: int, dtype: torch.dtype) -> bool:
     return False
   if layer_utils.check_cpu_sgl_kernel(n, k, dtype):
     return False
-  return bool(ops._supports_onednn) and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC  # pylint: disable=protected-access
+  onednn = bool(ops._supports_onednn)  # pylint: disable=protected-access
+  return onednn and current_platform.get_cpu_architecture() != CpuArchEnum.POWERPC
 
 
 class DirectCpuLoad:

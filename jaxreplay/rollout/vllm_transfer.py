@@ -52,22 +52,14 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
   version: int
 
 
-def _torch_view(x) -> torch.Tensor:
-  """A torch tensor sharing `x`'s memory (bfloat16 through its 16-bit pattern). `x` is a read-only
-  view of the segment: vLLM only copies from it (torch's warning about that is silenced)."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    if x.dtype == shm_weights.DTYPES["bfloat16"]:
-      return torch.from_numpy(x.view("uint16")).view(torch.bfloat16)
-    return torch.from_numpy(x)
-
-
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _torch_views(reader: shm_weights.SegmentReader):
-  """(HF name, torch view) per tensor of `reader`'s segment. Every view shares one storage, the
-  whole mapping, so that shards stored side by side can be taken as one strided matrix."""
+  """(HF name, torch view) per tensor of `reader`'s segment (bfloat16 included). Every view shares
+  one storage, the whole read-only mapping, so that shards stored side by side can be taken as one
+  strided matrix; vLLM only copies from them (torch's warning about a read-only array is
+  silenced)."""
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     whole = torch.from_numpy(np.frombuffer(reader.mapping, np.uint8))
@@ -156,7 +148,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     reader = self._reader
     if reader is None or reader.path != update_info.path or reader.version != update_info.version:
       self.open_segment(update_info.path, update_info.version)
-    tensors = ((name, _torch_view(x)) for name, x in self._reader.tensors())
+    tensors = _torch_views(self._reader)
     with disable_mtp_completeness_check():
       self.model.load_weights(tensors)
     self._phase["load_s"] += time.perf_counter() - start
