@@ -34,6 +34,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402  pylint: disable=g-import-not-at-top
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARIES = {
     "default": "",
@@ -150,11 +153,7 @@ def main():
          "repeats": args.repeats,
          "libraries": {lib: LIBRARIES[lib] for lib in libraries}, "command": " ".join(sys.argv),
          "mean_time_over_torch": total, "results": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out, "dots.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(out, f, indent=2)
-  print(f"wrote {path}")
+  print(f"wrote {bench_io.write_json(args.out, 'dots.json', out)}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_io  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -267,11 +270,7 @@ def main():
                      "jax_backend": jax.default_backend(),
                      "load_average": os.getloadavg()},
          "quick": args.quick, "results": results, "tiny_default": tiny_default}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out, "weight_sync.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(out, f, indent=2)
-  print(f"wrote {path}")
+  print(f"wrote {bench_io.write_json(args.out, 'weight_sync.json', out)}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from jaxreplay.models import hf_io
 from jaxreplay.rollout import shm_weights
 from jaxreplay.rollout.base import Weights
 from jaxreplay.rollout.shm_publisher import host_copies
+from jaxreplay.rollout.weight_sync import PublishHistory
 
 
 def stored_weights(weights: Weights) -> "StoredWeights":
@@ -63,7 +64,7 @@ class PutRecord:
   put_s: float = float("nan")  # NaN until the object is stored
 
 
-class ObjectStorePublisher:
+class ObjectStorePublisher(PublishHistory):
   """Publishes successive parameter versions into Ray's object store (see the module docstring).
 
   Args:
@@ -92,10 +93,6 @@ class ObjectStorePublisher:
     self._last_version: Optional[int] = None
     self.history: list[PutRecord] = []
     self._closed = False
-
-  @property
-  def latest(self) -> Optional[PutRecord]:
-    return self.history[-1] if self.history else None
 
   def publish(self, params: Any, version: int) -> Weights:
     """Hands `params` over as `version`; returns at once with `Weights(object_ref=future,

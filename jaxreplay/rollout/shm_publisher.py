@@ -40,7 +40,7 @@ from jaxreplay.models import layout
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.rollout import shm_weights
 from jaxreplay.rollout.base import Weights
-from jaxreplay.rollout.weight_sync import claim_root, release_root
+from jaxreplay.rollout.weight_sync import PublishHistory, claim_root, release_root
 
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
 
@@ -90,7 +90,7 @@ class PublishRecord:
   write_s: float = float("nan")  # NaN until the segment is written
 
 
-class ShmPublisher:
+class ShmPublisher(PublishHistory):
   """Publishes successive parameter versions as shared-memory segments (see the module docstring).
 
   Args:
@@ -130,10 +130,6 @@ class ShmPublisher:
     self._versions: list[int] = []
     self.history: list[PublishRecord] = []
     self._closed = False
-
-  @property
-  def latest(self) -> Optional[PublishRecord]:
-    return self.history[-1] if self.history else None
 
   def publish(self, params: Any, version: int) -> Weights:
     """Hands `params` over as `version`; returns at once with a `Weights(shm_path=..., ready=...)`.

@@ -114,8 +114,7 @@ def plan_layout(sources: Sequence[Source], dtype: str, version: int,
 def tensor_view(buf, entry: list) -> np.ndarray:
   """The HF-shaped view of one header `entry` in the mapped segment `buf` (a strided view of the
   stored kernel for an entry with a row stride)."""
-  name, dtype, shape, offset = entry[:4]
-  del name
+  _, dtype, shape, offset = entry[:4]
   dt = DTYPES[dtype]
   if len(entry) < 5:
     return np.frombuffer(buf, dt, math.prod(shape), offset).reshape(shape)

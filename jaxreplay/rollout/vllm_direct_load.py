@@ -176,8 +176,8 @@ def plan(model: torch.nn.Module, names: list[str]) -> Optional[DirectCpuLoad]:
       shard_count[module_name] = count
   if {name for name, got in shards_seen.items() if len(got) == shard_count[name]} != linear:
     return None  # a linear layer the segment does not fill whole: vLLM's name mapping knows more
-  first = next(iter(modules[n] for n in linear))
-  dtype = first.params_dtype if hasattr(first, "params_dtype") else torch.float32
+  first = modules[min(linear)]
+  dtype = getattr(first, "params_dtype", torch.float32)
   if not _onednn_branch(int(first.output_size_per_partition), int(first.input_size_per_partition),
                         dtype):
     return None  # the other CPU kernels keep an unpacked weight: the generic reload is as good

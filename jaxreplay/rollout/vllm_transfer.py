@@ -67,7 +67,9 @@ def _torch_views(reader: shm_weights.SegmentReader):
   flats: dict[torch.dtype, torch.Tensor] = {}
   for name, x in reader.tensors():
     dtype = _TORCH_DTYPES[x.dtype.name]
-    flat = flats.setdefault(dtype, whole.view(dtype))
+    flat = flats.get(dtype)
+    if flat is None:
+      flat = flats[dtype] = whole.view(dtype)
     size = x.itemsize
     yield name, flat.as_strided(x.shape, tuple(st // size for st in x.strides),
                                 (x.ctypes.data - base) // size)

@@ -137,6 +137,18 @@ def release_root(root: str, owns: bool, owner_fd: Optional[int]) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+class PublishHistory:
+  """`history` (one record per publish, oldest first; set by the subclass) and `latest`: what the
+  shared-memory and object-store publishers report to the run's metrics and benches."""
+
+  history: list
+
+  @property
+  def latest(self):
+    """The newest publish's record, or None."""
+    return self.history[-1] if self.history else None
+
+
 class WeightPublisher:
   """Writes successive parameter versions as HF directories `root/v{version}`.
 
