@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxreplay import buffer, collate  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxreplay.data import buffer  # noqa: E402  pylint: disable=g-import-not-at-top
+from jaxreplay.data import collate  # noqa: E402  pylint: disable=g-import-not-at-top
 
 BUCKETS = (1024, 2048, 4096, 8192)
 

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from jaxreplay import models  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams  # noqa: E402
 from jaxreplay.rollout.pool import PromptBatch, WorkerPool  # noqa: E402
-from jaxreplay.rollout.vllm_worker import VllmWorkerProcess  # noqa: E402
+from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pool_fill.json")
 

@@ -45,11 +45,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxreplay import batch as batch_lib  # noqa: E402
-from jaxreplay import config_defaults  # noqa: E402
-from jaxreplay import optim  # noqa: E402
-from jaxreplay import sharding  # noqa: E402
-from jaxreplay import trainer  # noqa: E402
+from jaxreplay.learner import batch as batch_lib  # noqa: E402
+from jaxreplay.config import defaults as config_defaults  # noqa: E402
+from jaxreplay.learner import optim  # noqa: E402
+from jaxreplay.infra import sharding  # noqa: E402
+from jaxreplay.learner import trainer  # noqa: E402
 from jaxreplay.models import hf_io  # noqa: E402
 from jaxreplay.models import presets  # noqa: E402
 from jaxreplay.models import transformer  # noqa: E402

@@ -54,9 +54,9 @@ import numpy as np  # noqa: E402
 from jaxreplay import models  # noqa: E402
 from jaxreplay.models import hf_io  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
-from jaxreplay.rollout.shm_publisher import ShmPublisher  # noqa: E402
-from jaxreplay.rollout.vllm_worker import VllmEngine  # noqa: E402
-from jaxreplay.rollout.weight_sync import WeightPublisher  # noqa: E402
+from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # noqa: E402
+from jaxreplay.rollout.vllm.engine import VllmEngine  # noqa: E402
+from jaxreplay.rollout.weights.file_publisher import WeightPublisher  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results")

@@ -1,7 +1,7 @@
 """The device check: the real async pipeline (one vLLM worker + the JAX trainer on one GPU).
 
 Random weights of Qwen3-0.6B shapes (no hub download) are written as an HF directory with a
-character tokenizer of the arithmetic task; `jaxreplay.pipeline.run` then runs `--steps` steps with
+character tokenizer of the arithmetic task; `jaxreplay.run.pipeline.run` then runs `--steps` steps with
 rollout.backend=vllm and scheduler.kind=async, the trainer and one vLLM worker sharing the GPU
 (XLA_PYTHON_CLIENT_MEM_FRACTION for JAX, rollout.vllm_gpu_memory_utilization for vLLM). Rewards do
 not matter here; the numbers do. Read from WORKDIR/metrics.jsonl (steps after the first, which
@@ -54,7 +54,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_MEM_FRACTION)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxreplay import build, config_defaults, models, pipeline, tasks  # noqa: E402
+from jaxreplay.run import build  # noqa: E402
+from jaxreplay.config import defaults as config_defaults  # noqa: E402
+from jaxreplay import models  # noqa: E402
+from jaxreplay.run import pipeline  # noqa: E402
+from jaxreplay import tasks  # noqa: E402
 
 
 def matmul_peak_tflops(n: int, dtype=jnp.bfloat16, repeats: int = 10) -> float:

@@ -24,8 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxreplay import noise_probe
-from jaxreplay import noise_stats
+from jaxreplay.science import noise_probe
+from jaxreplay.science import noise_stats
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

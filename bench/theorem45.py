@@ -4,8 +4,8 @@ Synchronous setting (PAPER.md, "Theory (Section 4, Appendix 9)"): each step gene
 a FIFO buffer of N and trains on a minibatch of B; one update costs B + mu*R (units: training on one
 rollout). For sigma(x) = (x/tau)^alpha the theorem's optimum is
   x* = N/R = argmin_x x^(2 alpha) (sqrt(1/mu) + sqrt(rho + 1/x))^2,   y* = B/R = sqrt(mu / (rho + 1/x*)),
-computed twice: numerically (`accounting.optimal_design`) and by App. 9.3.2's closed form
-(`accounting.power_law_design`), for mu in [1, 10], rho in {0.1, 1}, alpha in {0.1, 0.2}.
+computed twice: numerically (`design.optimal_design`) and by App. 9.3.2's closed form
+(`design.power_law_design`), for mu in [1, 10], rho in {0.1, 1}, alpha in {0.1, 0.2}.
 y* is also the replay ratio (a rollout stays x* steps and is drawn with probability y*/x* per step).
 
 Prints a table at a few mu (the paper's measured 5.28 and 6.84 included) and writes
@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxreplay import accounting  # pylint: disable=g-import-not-at-top
+from jaxreplay.science import design  # pylint: disable=g-import-not-at-top
 
 RHOS = (0.1, 1.0)
 ALPHAS = (0.1, 0.2)
@@ -37,8 +37,8 @@ def curves(mus: np.ndarray) -> list[dict]:
   for rho in RHOS:
     for alpha in ALPHAS:
       sigma2 = lambda x, a=alpha: x ** (2 * a)  # tau = 1: tau cancels from the argmin
-      num = np.array([accounting.optimal_design(float(mu), rho, sigma2) for mu in mus])
-      closed = np.array([accounting.power_law_design(float(mu), rho, alpha) for mu in mus])
+      num = np.array([design.optimal_design(float(mu), rho, sigma2) for mu in mus])
+      closed = np.array([design.power_law_design(float(mu), rho, alpha) for mu in mus])
       out.append({
           "rho": rho, "alpha": alpha, "mu": mus.tolist(),
           "x_star_numeric": num[:, 0].tolist(), "y_star_numeric": num[:, 1].tolist(),
@@ -54,8 +54,8 @@ def table(rows_mu=TABLE_MUS) -> list[dict]:
   for rho in RHOS:
     for alpha in ALPHAS:
       for mu in rows_mu:
-        x_n, y_n = accounting.optimal_design(mu, rho, lambda x, a=alpha: x ** (2 * a))
-        x_c, y_c = accounting.power_law_design(mu, rho, alpha)
+        x_n, y_n = design.optimal_design(mu, rho, lambda x, a=alpha: x ** (2 * a))
+        x_c, y_c = design.power_law_design(mu, rho, alpha)
         rows.append({"rho": rho, "alpha": alpha, "mu": mu, "x_star": x_c, "y_star": y_c,
                      "x_star_numeric": x_n, "y_star_numeric": y_n,
                      "rel_gap": max(abs(x_n / x_c - 1), abs(y_n / y_c - 1)),

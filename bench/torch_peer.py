@@ -3,9 +3,9 @@
 What a torch RL post-training library (TRL's GRPOTrainer) runs per update, reduced to one process:
 `transformers.Qwen3ForCausalLM` (float32, SDPA attention) loaded from the same HF dir as jaxreplay,
 full [B, T, V] logits -> log_softmax -> the targets' log-probs, the GRPO clipped-ratio loss with
-jaxreplay's default aggregation ("token_mean", `jaxreplay.losses.grpo_loss`), backward,
+jaxreplay's default aggregation ("token_mean", `jaxreplay.learner.losses.grpo_loss`), backward,
 global-norm gradient clipping and `torch.optim.AdamW` with the hyperparameters of
-`jaxreplay.optim.make_optimizer` (b1, b2, eps, weight decay on every leaf but norms and biases).
+`jaxreplay.learner.optim.make_optimizer` (b1, b2, eps, weight decay on every leaf but norms and biases).
 
 torch is imported only here; `bench_train_step.py` imports this module only when torch is installed.
 """
@@ -40,7 +40,7 @@ def load_model(hf_dir: str) -> torch.nn.Module:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float):
-  """Weight decay on every parameter but norms and biases (jaxreplay.optim.NO_DECAY_PATTERN)."""
+  """Weight decay on every parameter but norms and biases (jaxreplay.learner.optim.NO_DECAY_PATTERN)."""
   decay, no_decay = [], []
   for name, p in model.named_parameters():
     (no_decay if name.endswith("norm.weight") or name.endswith("bias") else decay).append(p)
@@ -49,7 +49,7 @@ def _param_groups(model: torch.nn.Module, weight_decay: float):
 
 
 def grpo_loss(logprobs, behaviour, advantages, mask, eps_low: float, eps_high: float):
-  """Token-mean GRPO clipped surrogate, as `jaxreplay.losses.grpo_loss` with aggregation token_mean.
+  """Token-mean GRPO clipped surrogate, as `jaxreplay.learner.losses.grpo_loss` with aggregation token_mean.
 
   logprobs, behaviour, mask float32 [B, T]; advantages [B] -> scalar loss.
   """
@@ -67,7 +67,7 @@ class TorchGrpoStep:
 
   Args:
     hf_dir: the HF model directory jaxreplay loads too.
-    batch: a `jaxreplay.batch.Batch` of numpy arrays (unpacked: one rollout per row).
+    batch: a `jaxreplay.learner.batch.Batch` of numpy arrays (unpacked: one rollout per row).
     settings: the shared hyperparameters.
   """
 

@@ -3,7 +3,7 @@
   python -m jaxreplay.launch --config=configs/llama3_2_3b.py --workdir=runs/l32_3b \
       --config.model.path=/models/Llama-3.2-3B-Instruct --config.task.path=/data/math.jsonl
 """
-from jaxreplay.config_defaults import gpu_math_config
+from jaxreplay.config.defaults import gpu_math_config
 
 
 def get_config():

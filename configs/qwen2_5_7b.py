@@ -3,7 +3,7 @@
   python -m jaxreplay.launch --config=configs/qwen2_5_7b.py --workdir=runs/q25_7b \
       --config.model.path=/models/Qwen2.5-7B --config.task.path=/data/openr1_math.parquet
 """
-from jaxreplay.config_defaults import gpu_math_config
+from jaxreplay.config.defaults import gpu_math_config
 
 
 def get_config():

@@ -3,7 +3,7 @@
   python -m jaxreplay.launch --config=configs/qwen3_0_6b.py --workdir=runs/q3_06b \
       --config.model.path=/models/Qwen3-0.6B --config.task.path=/data/math.jsonl
 """
-from jaxreplay.config_defaults import gpu_math_config
+from jaxreplay.config.defaults import gpu_math_config
 
 
 def get_config():

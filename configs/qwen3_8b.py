@@ -4,7 +4,7 @@
       --config.model.path=/models/Qwen3-8B --config.task.path=/data/openr1_math.parquet \
       --config.buffer.size=84
 """
-from jaxreplay.config_defaults import gpu_math_config
+from jaxreplay.config.defaults import gpu_math_config
 
 
 def get_config():

@@ -19,7 +19,7 @@ the reference rollout fixed at 35 tokens so every run of a sweep prices tokens a
 """
 import os
 
-from jaxreplay.config_defaults import base_config
+from jaxreplay.config.defaults import base_config
 
 _ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "assets")
 

@@ -11,7 +11,7 @@ the staleness of the real asynchronous pipeline; `--config.scheduler.kind=async`
 """
 import os
 
-from jaxreplay.config_defaults import base_config
+from jaxreplay.config.defaults import base_config
 
 _ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "assets")
 

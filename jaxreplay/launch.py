@@ -51,16 +51,17 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
-  from jaxreplay import devices  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import devices  # pylint: disable=g-import-not-at-top
   split = devices.apply_to_environment(_CONFIG.value)  # before JAX picks its devices
   if split is not None:
     logging.info("GPUs: trainer %s, rollout workers %s", ",".join(split.trainer),
                  ",".join(split.workers) or "none")
   if _DRY_RUN.value:
-    from jaxreplay import build  # pylint: disable=g-import-not-at-top
-    from jaxreplay import memory_plan  # pylint: disable=g-import-not-at-top
+    from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
+    from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
+    from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
     build.resolve_backend(_CONFIG.value)
-    build.validate_config(_CONFIG.value)
+    validation.validate_config(_CONFIG.value)
     try:
       memory_plan.dry_run(_CONFIG.value, os.path.abspath(os.path.expanduser(_WORKDIR.value)), split)
     except memory_plan.DoesNotFit as e:
@@ -76,9 +77,9 @@ def main(argv):
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     logging.info("trainer process %d/%d: %d local, %d global devices", jax.process_index(),
                  jax.process_count(), jax.local_device_count(), jax.device_count())
-  from jaxreplay import checkpoint  # pylint: disable=g-import-not-at-top
-  from jaxreplay import pipeline  # pylint: disable=g-import-not-at-top
-  from jaxreplay import safety  # pylint: disable=g-import-not-at-top
+  from jaxreplay.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import pipeline  # pylint: disable=g-import-not-at-top
+  from jaxreplay.infra import safety  # pylint: disable=g-import-not-at-top
   stop_errors = (safety.WorkdirBusy, safety.NonFiniteUpdates,
                  checkpoint.NoRestorableCheckpoint, checkpoint.CheckpointSaveError)
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))

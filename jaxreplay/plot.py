@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from jaxreplay.metrics import read_metrics
+from jaxreplay.infra.metric_writers import read_metrics
 
 
 def load_series(run_dir: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ the answer tokens (+ eos), with the settings of `config.sft` (steps, batch, lear
 carry_drop, slip, slip_range: noisy demonstrations, see `NOISE_KEYS`; the `--sft_*` flags are
 aliases of `--config.sft.*`), then writes an HF model directory
 (weights, config.json, tokenizer) that the RL run starts from (`config.model.path`). The task,
-tokenizer and model come from `jaxreplay.build`, batches from `collate`, the optimizer from `optim`.
+tokenizer and model come from `jaxreplay.run.build`, batches from `collate`, the optimizer from `optim`.
 Greedy held-out accuracy is measured by teacher forcing: greedy decoding produces exactly
 answer + eos iff every answer token is the argmax given the right prefix, so the fraction of
 problems where all answer tokens are argmax IS greedy exact-match accuracy.
@@ -31,12 +31,12 @@ from ml_collections import config_flags
 import numpy as np
 import optax
 
-from jaxreplay import build
-from jaxreplay import collate as collate_lib
+from jaxreplay.run import build
+from jaxreplay.data import collate as collate_lib
 from jaxreplay import models
-from jaxreplay import optim
-from jaxreplay.batch import Batch
-from jaxreplay.batch import Rollout
+from jaxreplay.learner import optim
+from jaxreplay.learner.batch import Batch
+from jaxreplay.learner.batch import Rollout
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)

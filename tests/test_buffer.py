@@ -1,4 +1,4 @@
-"""Tests of jaxreplay.buffer: FIFO order, uniform sampling, positive bias, queue mode, threads,
+"""Tests of jaxreplay.data.buffer: FIFO order, uniform sampling, positive bias, queue mode, threads,
 checkpoint round trip and metrics."""
 import collections
 import pickle
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxreplay import buffer
+from jaxreplay.data import buffer
 
 
 def make_rollout(i, reward=1.0, version=0, length=None, rng=None):

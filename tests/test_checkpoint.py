@@ -16,12 +16,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import checkpoint
-from jaxreplay import checkpoint_integrity
-from jaxreplay import optim
-from jaxreplay import sharding
-from jaxreplay import trainer
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.infra import checkpoint
+from jaxreplay.infra import checkpoint_integrity
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
 from jaxreplay.models import presets
 from jaxreplay.models import safetensors_io
 

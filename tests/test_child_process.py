@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jaxreplay.child_process import ChildDied, ChildProcess, ChildTimeout
+from jaxreplay.infra.child_process import ChildDied, ChildProcess, ChildTimeout
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV_AT_IMPORT = os.environ.get("JAXREPLAY_CHILD_TEST")  # read in the child when it imports us
@@ -203,7 +203,7 @@ def test_script_without_main_guard(tmp_path):
   does not. A child left open is killed when the script exits."""
   script = tmp_path / "unguarded.py"
   script.write_text(textwrap.dedent("""\
-      from jaxreplay.child_process import ChildProcess
+      from jaxreplay.infra.child_process import ChildProcess
       print("top level ran", flush=True)
       child = ChildProcess("collections:Counter", ("abracadabra",), startup_timeout_s=60)
       print("result", child.call("most_common", (1,)), flush=True)
@@ -232,7 +232,7 @@ def test_child_busy_in_a_call_exits_when_its_parent_is_killed(tmp_path):
   script.write_text(textwrap.dedent(f"""\
       import sys
       sys.path.insert(0, {os.path.join(_REPO, "tests")!r})
-      from jaxreplay.child_process import ChildProcess
+      from jaxreplay.infra.child_process import ChildProcess
       child = ChildProcess("test_child_process:Server", kwargs=dict(pid_file={str(pid_file)!r}),
                            startup_timeout_s=60)
       print("ready", flush=True)

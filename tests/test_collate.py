@@ -1,10 +1,11 @@
-"""Tests of jaxreplay.collate: target shift, mask / log-prob alignment, buckets, padding rows."""
+"""Tests of jaxreplay.data.collate: target shift, mask / log-prob alignment, buckets, padding rows."""
 import chex
 import numpy as np
 import pytest
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import buffer, collate
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.data import buffer
+from jaxreplay.data import collate
 
 
 def rollout(prompt, completion, logprobs, reward=1.0, advantage=0.5, version=0):

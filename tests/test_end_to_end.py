@@ -137,7 +137,7 @@ def test_vllm_backend_end_to_end(tmp_path):
 
 
 def _vllm_children(pid: int) -> list[int]:
-  """pids of the vLLM worker processes of `pid`: `jaxreplay.child_process` children started with
+  """pids of the vLLM worker processes of `pid`: `jaxreplay.infra.child_process` children started with
   the engine's environment (VLLM_CPU_KVCACHE_SPACE)."""
   out = []
   for entry in os.listdir("/proc"):
@@ -152,7 +152,7 @@ def _vllm_children(pid: int) -> list[int]:
         environ = f.read()
     except (OSError, ValueError, IndexError):
       continue
-    if ppid == pid and b"jaxreplay.child_process" in cmd and b"VLLM_CPU_KVCACHE_SPACE=" in environ:
+    if ppid == pid and b"jaxreplay.infra.child_process" in cmd and b"VLLM_CPU_KVCACHE_SPACE=" in environ:
       out.append(int(entry))
   return sorted(out)
 
@@ -226,8 +226,8 @@ def test_a_rejected_rerun_changes_nothing(tmp_path, tiny_reference_run):
 
 def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
   import importlib.util
-  from jaxreplay import build
-  from jaxreplay.config_defaults import base_config
+  from jaxreplay.run import build
+  from jaxreplay.config.defaults import base_config
   real = importlib.util.find_spec
   for installed, expect in ((True, "vllm"), (False, "jax")):
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from jaxreplay import checkpoint as checkpoint_lib
+from jaxreplay.infra import checkpoint as checkpoint_lib
 from tests.conftest import require
 from tests.tiny_runs import REPO, comparable, read_rows, run_launch
 
@@ -111,10 +111,10 @@ class _Recording:
 def test_vllm_eval_runs_on_the_engine_and_matches_the_jax_sampler(tmp_path, monkeypatch):
   require("vllm")
   import importlib.util  # pylint: disable=g-import-not-at-top
-  from jaxreplay import build as build_lib  # pylint: disable=g-import-not-at-top
-  from jaxreplay import evaluation  # pylint: disable=g-import-not-at-top
-  from jaxreplay import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
-  from jaxreplay import workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build as build_lib  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import evaluation  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
 
   spec = importlib.util.spec_from_file_location("tiny_config", os.path.join(REPO, "configs",

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxreplay import evaluation
+from jaxreplay.run import evaluation
 from jaxreplay.rollout.base import Completion, Group
 from jaxreplay.tasks import arithmetic, tokenizer as tok_lib
 

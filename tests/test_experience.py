@@ -4,9 +4,9 @@ import threading
 import numpy as np
 import pytest
 
-from jaxreplay import losses
-from jaxreplay.buffer import ReplayBuffer
-from jaxreplay.experience import Intake, PromptSource, make_advantage_fn, score_groups, to_rollouts
+from jaxreplay.learner import losses
+from jaxreplay.data.buffer import ReplayBuffer
+from jaxreplay.data.experience import Intake, PromptSource, make_advantage_fn, score_groups, to_rollouts
 from jaxreplay.rollout.base import Completion, Group, SamplingParams
 from jaxreplay.tasks.arithmetic import Problem
 

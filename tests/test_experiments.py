@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from jaxreplay import experiment_stats as st
-from jaxreplay import experiments
-from jaxreplay import sweeps
+from jaxreplay.config import validation
+from jaxreplay.science import stats as st
+from jaxreplay.science import runner as experiments
+from jaxreplay.science import sweeps
 
 # ---- statistics -------------------------------------------------------------------------------
 
@@ -136,12 +137,12 @@ def test_every_sweep_resolves_on_the_default_config(monkeypatch):
     assert o["scheduler.train_seconds_per_step"] / o["buffer.batch_size"] == pytest.approx(
         base.scheduler.train_seconds_per_step / base.buffer.batch_size)
   # Every run's config passes the launcher's validation (no run would fail at start-up).
-  from jaxreplay import build  # pylint: disable=g-import-not-at-top  (jax)
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top  (jax)
   for plan in plans.values():
     for s in plan["specs"]:
       c = experiments.load_config(s.config)
       sweeps.apply(c, s.overrides)
-      build.validate_config(c)
+      validation.validate_config(c)
   w = {s.arm: dict(s.overrides) for s in plans["wt_sweep"]["specs"]}
   ratios = [6.84 * o["trainer.num_devices"] / o["rollout.num_workers"] for o in w.values()]
   assert min(ratios) < 1.1 and max(ratios) > 6.5

@@ -22,8 +22,8 @@ import json
 import random
 import pytest
 
-from jaxreplay import checkpoint as checkpoint_lib
-from jaxreplay import trainer
+from jaxreplay.infra import checkpoint as checkpoint_lib
+from jaxreplay.learner import trainer
 from tiny_runs import SFT, comparable, read_rows, run_launch, start
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tests of jaxreplay.losses against independent numpy references written with explicit loops."""
+"""Tests of jaxreplay.learner.losses against independent numpy references written with explicit loops."""
 import functools
 import math
 
@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import algorithms
-from jaxreplay import batch as batch_lib
-from jaxreplay import experience
-from jaxreplay import losses
+from jaxreplay.learner import algorithms
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.data import experience
+from jaxreplay.learner import losses
 
 AGGS = ("token_mean", "sequence_mean", "constant")
 EPS_LOW, EPS_HIGH = 0.1, 0.3
@@ -567,8 +567,8 @@ class AlgorithmsTest(chex.TestCase):
     rewards = np.random.default_rng(50).normal(size=(3, 4)).astype(np.float32)
     rewards[1] = 0.5
     grpo, asymre = algorithms.ALGORITHMS["grpo"], algorithms.ALGORITHMS["asymre"]
-    got = self.variant(lambda r: (grpo.advantages(r, adv_eps=1e-3), asymre.advantages(r, tau=0.25)))(
-        rewards)
+    got = self.variant(lambda r: (grpo.advantages(r, algorithms.GrpoOptions(adv_eps=1e-3)),
+                                  asymre.advantages(r, algorithms.AsymreOptions(tau=0.25))))(rewards)
     want = (losses.grpo_advantages(rewards, eps=1e-3), losses.asymre_advantages(rewards, tau=0.25))
     chex.assert_trees_all_equal(got, want)
     # experience.make_advantage_fn (numpy in, numpy out) passes each algorithm only its own option.
@@ -586,8 +586,9 @@ class AlgorithmsTest(chex.TestCase):
     common = dict(aggregation=aggregation, normalizer=normalizer, kl_coef=0.1)
 
     def fn(lp, batch, ref):
-      table = (algorithms.ALGORITHMS["grpo"].loss(lp, batch, ref, eps_low=EPS_LOW,
-                                                  eps_high=EPS_HIGH, tis_cap=0.0, **common),
+      table = (algorithms.ALGORITHMS["grpo"].loss(
+                   lp, batch, ref, options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH),
+                   **common),
                algorithms.ALGORITHMS["asymre"].loss(lp, batch, ref, **common))
       direct = (losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
                                  batch.completion_mask, EPS_LOW, EPS_HIGH, ref_logprobs=ref,
@@ -609,8 +610,8 @@ class AlgorithmsTest(chex.TestCase):
         "logprobs", "behaviour_logprobs", "ref_logprobs", "mask"))
     adv = x["advantages"].astype(np.float64)[:, None]
     normalizer = 50.0 if aggregation == "constant" else None
-    kw = dict(aggregation=aggregation, normalizer=normalizer, eps_low=EPS_LOW, eps_high=EPS_HIGH,
-              tis_cap=cap, kl_coef=kl_coef if with_kl else 0.0)
+    kw = dict(aggregation=aggregation, normalizer=normalizer, kl_coef=kl_coef if with_kl else 0.0,
+              options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH, tis_cap=cap))
     ref_arg = x["ref_logprobs"] if with_kl else None
     loss_fn = functools.partial(algorithms.ALGORITHMS["grpo"].loss, **kw)
 

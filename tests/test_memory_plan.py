@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from ml_collections import config_flags  # noqa: F401  (the configs import ml_collections)
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import devices
-from jaxreplay import memory_plan
-from jaxreplay import optim
-from jaxreplay import sharding
-from jaxreplay import trainer
-from jaxreplay.config_defaults import base_config
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.config import devices
+from jaxreplay.config import memory_plan
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
+from jaxreplay.config.defaults import base_config
 from jaxreplay.models import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import metrics, plot
+from jaxreplay.infra import metric_writers as metrics
+from jaxreplay import plot
 
 event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
 
@@ -241,7 +242,7 @@ def test_wandb_offline_run_gets_the_rows_and_config(wandb_offline):
 
 
 def test_wandb_settings_from_config_and_errors():
-  from jaxreplay import config_defaults  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
   c = config_defaults.base_config()
   assert metrics.wandb_settings(c) is None and metrics.wandb_config_errors(c) == []
   c.log.wandb_project, c.log.wandb_mode, c.log.wandb_run_name = "p", "offline", "r"

@@ -5,11 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import losses
-from jaxreplay import optim
-from jaxreplay import sharding
-from jaxreplay import trainer
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.learner import losses
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
 from jaxreplay.models import hf_io
 from jaxreplay.models import layout
 from jaxreplay.models import presets

@@ -346,7 +346,7 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
   the handle carries device arrays (in-process) or an HF directory (WeightPublisher)."""
   from jaxreplay.models.hf_io import save_hf
   from jaxreplay.rollout.jax_sampler import JaxSampler
-  from jaxreplay.rollout.weight_sync import WeightPublisher
+  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
 
   cfg = models.presets.tiny()
   p0 = models.init_params(cfg, jax.random.key(0))
@@ -394,7 +394,7 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
 
 def test_weight_publisher_writes_versions_atomically_and_keeps_the_newest(tmp_path):
   from jaxreplay.models.hf_io import load_hf
-  from jaxreplay.rollout.weight_sync import WeightPublisher
+  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
 
   cfg = models.presets.tiny()
   params = [models.init_params(cfg, jax.random.key(s)) for s in range(3)]
@@ -418,7 +418,7 @@ def test_weight_publisher_writes_versions_atomically_and_keeps_the_newest(tmp_pa
 
 
 def test_weight_publisher_default_root_and_fallback(monkeypatch):
-  from jaxreplay.rollout import weight_sync
+  from jaxreplay.rollout.weights import file_publisher as weight_sync
 
   pub, other = weight_sync.WeightPublisher(), weight_sync.WeightPublisher()
   try:
@@ -441,7 +441,7 @@ def test_weight_publisher_default_root_and_fallback(monkeypatch):
 
 
 def test_importing_rollout_does_not_import_vllm_torch_or_jax():
-  code = ("import sys, jaxreplay.rollout as r, jaxreplay.rollout.vllm_worker, jaxreplay.rollout.pool;"
+  code = ("import sys, jaxreplay.rollout as r, jaxreplay.rollout.vllm.engine, jaxreplay.rollout.pool;"
           "assert r.SamplingParams and r.WorkerDied and r.WorkerPool;"
           "bad = [m for m in ('vllm', 'torch', 'jax') if m in sys.modules];"
           "assert not bad, bad")
@@ -452,7 +452,7 @@ def test_importing_rollout_does_not_import_vllm_torch_or_jax():
 def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   """A run killed with -9 leaves /dev/shm/jaxreplay-<pid>-*; the next publisher removes those of
   dead pids and keeps live ones (another run on the machine) and unrelated names."""
-  from jaxreplay.rollout import weight_sync  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.weights import file_publisher as weight_sync  # pylint: disable=g-import-not-at-top
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
   stale = tmp_path / f"jaxreplay-{dead.pid}-abc"

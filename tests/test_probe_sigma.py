@@ -1,5 +1,5 @@
-"""Tests of the gradient-noise probe: the estimators of `jaxreplay.noise_stats` against numpy on
-synthetic per-example gradients of known variance, `jaxreplay.noise_probe`'s helpers, and
+"""Tests of the gradient-noise probe: the estimators of `jaxreplay.science.noise_stats` against numpy on
+synthetic per-example gradients of known variance, `jaxreplay.science.noise_probe`'s helpers, and
 `bench/probe_sigma.py --quick` end to end."""
 import json
 import math
@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from jaxreplay import accounting
-from jaxreplay import noise_probe
-from jaxreplay import noise_stats
+from jaxreplay.science import design
+from jaxreplay.science import noise_probe
+from jaxreplay.science import noise_stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,13 +134,13 @@ def test_estimate_layout_bootstrap_and_fit():
       assert est["bias_ci"][i][0] < bias < est["bias_ci"][i][1]
   assert est["ratio"][0] == 1.0
   fit = est["fit"]
-  ref = accounting.fit_power_law_noise(grid[1:], est["sigma2"][1:], variance=True)
+  ref = design.fit_power_law_noise(grid[1:], est["sigma2"][1:], variance=True)
   assert fit.alpha == pytest.approx(ref.alpha) and fit.r2 == pytest.approx(ref.r2)
   assert est["alpha_ci"][0] < fit.alpha < est["alpha_ci"][1]
 
 
 def test_fit_with_alpha_near_zero_does_not_overflow():
-  # accounting.fit_power_law_noise overflows computing tau = exp(-b / alpha) as alpha -> 0.
+  # design.fit_power_law_noise overflows computing tau = exp(-b / alpha) as alpha -> 0.
   fit = noise_stats.fit_power_law([1, 2, 4], [5.0, 5.0 * (1 + 1e-12), 5.0 * (1 + 2e-12)])
   assert abs(fit.alpha) < 1e-9 and fit.num_points == 3
 
@@ -173,14 +173,14 @@ def test_measured_sigma2_and_design():
   # Constant noise: no interior optimum (x* = inf); a power law below 1/2 matches the closed form.
   flat = noise_stats.design_table(
       6.84, grid, (2.0, 2.0, 2.0, 2.0),
-      accounting.PowerLawFit(alpha=0.0, tau=math.nan, r2=1.0, num_points=3))
+      design.PowerLawFit(alpha=0.0, tau=math.nan, r2=1.0, num_points=3))
   assert flat[0]["measured_max"]["x_star"] == "inf" and flat[0]["power_law"]["x_star"] is None
   alpha = 0.2
-  fit = accounting.PowerLawFit(alpha=alpha, tau=1.0, r2=1.0, num_points=3)
+  fit = design.PowerLawFit(alpha=alpha, tau=1.0, r2=1.0, num_points=3)
   big = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
   rows = noise_stats.design_table(6.84, (0,) + big, [1.0] + [x ** (2 * alpha) for x in big], fit)
   for row in rows:
-    x_c, y_c = accounting.power_law_design(6.84, row["rho"], alpha)
+    x_c, y_c = design.power_law_design(6.84, row["rho"], alpha)
     assert row["power_law"]["x_star"] == pytest.approx(x_c)
     if x_c >= 1.0:  # rho = 0.1: x* = 4.8, where the measured curve is the power law itself
       assert row["measured_max"]["x_star"] == pytest.approx(x_c, rel=1e-5)

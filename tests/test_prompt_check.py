@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from jaxreplay.experience import PromptSource
+from jaxreplay.data.experience import PromptSource
 from jaxreplay.tasks import arithmetic, math_data, prompt_check, scratchpad
 from jaxreplay.tasks import tokenizer as tok_lib
 
@@ -168,10 +168,11 @@ def test_procedural_task_checks_its_longest_prompt(make):
 
 
 def test_run_metrics_report_the_skipped_rows():
-  from jaxreplay import accounting, run_metrics  # pylint: disable=g-import-not-at-top
-  from jaxreplay.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
-  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
-  from jaxreplay.schedulers import SimState  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import accounting  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import metrics_row as run_metrics  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config.defaults import base_config  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run.schedules import SimState  # pylint: disable=g-import-not-at-top
 
   class Task:
     skipped_rows, skipped_eval_rows = 3, 1

@@ -1,4 +1,4 @@
-"""Tests of rollout workers as Ray actors (rollout.placement="ray", `jaxreplay.rollout.ray_workers`)
+"""Tests of rollout workers as Ray actors (rollout.placement="ray", `jaxreplay.rollout.ray.group`)
 on a local Ray instance: JAX-sampler actors generate exactly what an in-process sampler does (also
 after object-store weight refreshes, whose versions they tag), a vLLM actor's log-probs are the JAX
 model's, a SIGKILLed actor is restarted by Ray under a running `WorkerPool` (its request dropped,
@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 
 import tiny_runs
-from jaxreplay import build, config_defaults, models, workers
+from jaxreplay.config import validation
+from jaxreplay.run import build
+from jaxreplay.config import defaults as config_defaults
+from jaxreplay import models
+from jaxreplay.rollout import backends as workers
 from jaxreplay.models import hf_io
 from jaxreplay.rollout.base import SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.rollout.pool import PromptBatch, WorkerPool
-from jaxreplay.rollout.shm_weights import StaleWeights
+from jaxreplay.rollout.weights.shm_format import StaleWeights
 from tests.conftest import require
 
 CFG = models.presets.tiny()
@@ -50,7 +54,7 @@ def params():
 
 
 def jax_spec(**kwargs):
-  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
   return ray_workers.WorkerSpec("jax", CFG, max_len=64, sampler_batch_size=16,
                                 eos_token_ids=(CFG.eos_token_id,), seed=7, **kwargs)
 
@@ -69,7 +73,7 @@ def assert_same_groups(got, want, version):
 
 def test_jax_actor_matches_the_in_process_sampler_through_object_store_refreshes(ray_cluster,
                                                                                   params):
-  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
   spec = jax_spec()
   with ray_workers.RayRolloutGroup(spec, 1) as group, \
       ray_workers.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
@@ -118,7 +122,7 @@ def test_jax_actor_matches_the_in_process_sampler_through_object_store_refreshes
 
 
 def test_object_store_hf_payload_is_the_hf_state_dict_in_the_engine_dtype(ray_cluster, params):
-  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
   ray = ray_cluster
   with ray_workers.ObjectStorePublisher(CFG, "hf", "bfloat16", keep=1) as pub:
     stored = ray_workers.stored_weights(pub.publish(params[0], 5))
@@ -160,7 +164,7 @@ def test_killed_actor_is_restarted_by_ray_and_the_pool_keeps_running(ray_cluster
   the pool re-attaches (restarts >= 1) and the group brings it to the pool's newest weights (a
   restarted actor holds none: a generate would fail the pool); with its restarts used up the actor
   is dead for good (WorkerDied)."""
-  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
   slow = SamplingParams(temperature=1.0, max_tokens=50, seed=1)
   with ray_workers.RayRolloutGroup(jax_spec(), 1, max_restarts=1) as group, \
       ray_workers.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
@@ -290,16 +294,16 @@ def test_validate_config_names_bad_ray_keys(key, value, message):
   require("ray")
   c = config_defaults.base_config()
   c.rollout.placement = "ray"
-  build.validate_config(c)  # the defaults are fine
+  validation.validate_config(c)  # the defaults are fine
   c.rollout[key] = value
   with pytest.raises(ValueError, match=message):
-    build.validate_config(c)
+    validation.validate_config(c)
 
 
 def test_bad_settings_fail_naming_the_fix(ray_cluster):
   """A bad strategy, an actor whose constructor fails (Ray does not restart it: WorkerDied with
   its error), an address where nothing answers."""
-  from jaxreplay.rollout import ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
   del ray_cluster
   with pytest.raises(ValueError, match="ray_placement_strategy='TIGHT': expected one of"):
     ray_workers.RayRolloutGroup(jax_spec(), 1, strategy="TIGHT")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import require
+from jaxreplay.config import validation
 from jaxreplay.tasks import arithmetic, math_data, rewards
 
 require("math_verify")
@@ -238,8 +239,8 @@ def test_a_bad_reward_plugin_fails_at_build_naming_the_fix(tmp_path, spec, messa
 
 
 def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
-  from jaxreplay import build  # pylint: disable=g-import-not-at-top
-  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config.defaults import base_config  # pylint: disable=g-import-not-at-top
   _problems(tmp_path)
   (tmp_path / "eval.jsonl").write_text('{"problem": "5+5?", "answer": "10"}\n')
   c = base_config()
@@ -248,7 +249,7 @@ def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
   c.task.eval_path = str(tmp_path / "eval.jsonl")
   c.task.reward_fn = "reward_plugins:digits"
   c.task.num_reward_workers = 3
-  build.validate_config(c)
+  validation.validate_config(c)
   task = build.make_task(c)
   try:
     assert [p.answer for p in task.heldout] == ["10"] and len(task.train) == 2
@@ -261,14 +262,14 @@ def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
   c.task.reward_fn = "reward_plugins.digits"
   c.task.num_reward_workers = 0
   with pytest.raises(ValueError) as e:
-    build.validate_config(c)
+    validation.validate_config(c)
   assert "task.eval_path=" in str(e.value) and "does not exist" in str(e.value)
   assert "task.reward_fn='reward_plugins.digits': expected 'module:function'" in str(e.value)
   assert "task.num_reward_workers=0 must be >= 1" in str(e.value)
   c = base_config()
   c.task.reward_fn = "reward_plugins:digits"
   with pytest.raises(ValueError, match="task.reward_fn=.* is only read by task.name='math'"):
-    build.validate_config(c)
+    validation.validate_config(c)
 
 
 # ---- concurrent deliveries score in parallel (off the pool's sink lock) ------------------------
@@ -318,10 +319,10 @@ def test_async_deliveries_score_in_parallel_reward_processes(tmp_path, monkeypat
   """Two workers' deliveries, one completion each, scored by a reward that only returns 1.0 when
   both calls are inside it at the same time (in two reward processes). Scoring under the pool's
   sink lock would serialise them: the first call's wait runs out and scores 0.0."""
-  from jaxreplay import experience  # pylint: disable=g-import-not-at-top
-  from jaxreplay.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import experience  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.base import SamplingParams  # pylint: disable=g-import-not-at-top
-  from jaxreplay.schedulers import AsyncScheduler  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run.schedules import AsyncScheduler  # pylint: disable=g-import-not-at-top
   from jaxreplay.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("JAXREPLAY_TEST_RENDEZVOUS", str(tmp_path))  # read by the reward processes
   problems = _problems(tmp_path)

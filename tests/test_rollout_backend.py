@@ -1,9 +1,12 @@
-"""Tests of the run's rollout settings (`jaxreplay.workers`, the rollout checks of build): vLLM engine
+"""Tests of the run's rollout settings (`jaxreplay.rollout.backends`, the rollout checks of build): vLLM engine
 settings per platform, request sizing that fills an engine, worker GPU groups for tensor
 parallelism, Ray resources (placement ray). Pure functions of the config: no engine starts."""
 import pytest
 
-from jaxreplay import build, config_defaults, workers
+from jaxreplay.config import validation
+from jaxreplay.run import build
+from jaxreplay.config import defaults as config_defaults
+from jaxreplay.rollout import backends as workers
 
 
 def config(**rollout):
@@ -86,12 +89,12 @@ def test_validate_config_names_bad_rollout_keys(key, value, message):
   c = config()
   c.rollout[key] = value
   with pytest.raises(ValueError, match=message):
-    build.validate_config(c)
+    validation.validate_config(c)
 
 
 def test_validate_config_accepts_the_defaults_and_good_vllm_settings():
-  build.validate_config(config())
-  build.validate_config(config(prompts_in_flight=16, vllm_gpu_memory_utilization=0.3,
+  validation.validate_config(config())
+  validation.validate_config(config(prompts_in_flight=16, vllm_gpu_memory_utilization=0.3,
                                vllm_max_model_len=512, vllm_enforce_eager="false",
                                vllm_tensor_parallel_size=2))
 

@@ -4,12 +4,12 @@ import math
 import numpy as np
 import pytest
 
-from jaxreplay import accounting
-from jaxreplay import run_metrics
-from jaxreplay.buffer import ReplayBuffer
-from jaxreplay.config_defaults import base_config
+from jaxreplay.run import accounting
+from jaxreplay.run import metrics_row as run_metrics
+from jaxreplay.data.buffer import ReplayBuffer
+from jaxreplay.config.defaults import base_config
 from jaxreplay.rollout.base import Completion, Group
-from jaxreplay.schedulers import SimState
+from jaxreplay.run.schedules import SimState
 
 
 class Intake:

@@ -1,4 +1,4 @@
-"""Tests of `jaxreplay.safety`: the workdir lock, stop signals, the non-finite guard."""
+"""Tests of `jaxreplay.infra.safety`: the workdir lock, stop signals, the non-finite guard."""
 import json
 import os
 import signal
@@ -10,8 +10,8 @@ from absl import logging
 import numpy as np
 import pytest
 
-from jaxreplay import safety
-from jaxreplay.batch import Rollout
+from jaxreplay.infra import safety
+from jaxreplay.learner.batch import Rollout
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +31,7 @@ def test_lock_held_by_another_process_and_taken_over_after_kill(tmp_path, caplog
   script = textwrap.dedent(f"""\
       import sys, time
       sys.path.insert(0, {_REPO!r})
-      from jaxreplay import safety
+      from jaxreplay.infra import safety
       safety.WorkdirLock({str(tmp_path)!r}).acquire()
       print("locked", flush=True)
       time.sleep(300)
@@ -57,7 +57,7 @@ def test_first_signal_requests_a_stop_second_exits_at_once():
   script = textwrap.dedent(f"""\
       import os, signal, sys, time
       sys.path.insert(0, {_REPO!r})
-      from jaxreplay import safety
+      from jaxreplay.infra import safety
       with safety.StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)

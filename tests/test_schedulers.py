@@ -6,7 +6,7 @@ import pytest
 
 from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.pool import PromptBatch
-from jaxreplay.schedulers import (AsyncScheduler, GenerationCost, SimState, SimulatedScheduler,
+from jaxreplay.run.schedules import (AsyncScheduler, GenerationCost, SimState, SimulatedScheduler,
                                   SyncScheduler)
 
 SAMPLING = SamplingParams(max_tokens=2)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import build
+from jaxreplay.run import build
 from jaxreplay import models
 from jaxreplay import tasks
 from jaxreplay.sft import greedy_exact_match

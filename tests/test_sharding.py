@@ -6,8 +6,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import sharding
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.infra import sharding
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
 

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from jaxreplay import step_channel
-from jaxreplay.buffer import Rollout
+from jaxreplay.infra import step_channel
+from jaxreplay.data.buffer import Rollout
 
 
 class FakeStore:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import require
+from jaxreplay.config import validation
 from jaxreplay import tasks
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.tasks import arithmetic, math_data, tokenizer as tok_lib
@@ -307,11 +308,11 @@ def test_digit_range_and_num_digits_5():
 
 
 def test_build_accepts_num_digits_5_and_names_bad_task_keys():
-  from jaxreplay import build  # pylint: disable=g-import-not-at-top
-  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config.defaults import base_config  # pylint: disable=g-import-not-at-top
   c = base_config()
   c.task.num_digits = (5,)  # as --config.task.num_digits=5 sets it
-  build.validate_config(c)
+  validation.validate_config(c)
   task = build.make_task(c)
   assert task.num_digits == (5, 5)
   task.close()
@@ -319,7 +320,7 @@ def test_build_accepts_num_digits_5_and_names_bad_task_keys():
   c.task.max_skip_fraction = 1.5
   c.task.reward_memory_gib = 0.0
   with pytest.raises(ValueError) as e:
-    build.validate_config(c)
+    validation.validate_config(c)
   assert "task.num_digits=(0, 3)" in str(e.value)
   assert "task.max_skip_fraction=1.5 must be in [0, 1]" in str(e.value)
   assert "task.reward_memory_gib=0.0 must be > 0" in str(e.value)

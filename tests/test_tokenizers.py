@@ -13,6 +13,7 @@ import pytest
 
 from chat_templates import LLAMA3_2_INSTRUCT, QWEN3
 from conftest import require
+from jaxreplay.config import validation
 from jaxreplay.tasks import tokenizer as tok_lib
 
 require("transformers")
@@ -181,7 +182,7 @@ def test_llama_codec_prompt_ids_and_stop_ids(llama_dir):
 
 
 def _config(model_dir, data_path, chat_template="auto"):
-  from jaxreplay.config_defaults import base_config  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config.defaults import base_config  # pylint: disable=g-import-not-at-top
   c = base_config()
   c.model.path = model_dir
   c.model.chat_template = chat_template
@@ -194,14 +195,14 @@ def _config(model_dir, data_path, chat_template="auto"):
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_build_accepts_the_models_tokenizers(family, qwen3_dir, llama_dir, tmp_path):
-  from jaxreplay import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
   from jaxreplay.tasks import prompt_check  # pylint: disable=g-import-not-at-top
   model_dir = qwen3_dir if family == "qwen3" else llama_dir
   data = tmp_path / "train.jsonl"
   data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)})
                           + "\n" for i in range(40)))
   c = _config(model_dir, str(data))
-  build.validate_config(c)
+  validation.validate_config(c)
   task = build.make_task(c)
   try:
     codec, tok_dir = build.load_codec(c, task, str(tmp_path))
@@ -221,7 +222,7 @@ def test_build_accepts_the_models_tokenizers(family, qwen3_dir, llama_dir, tmp_p
     assert not plain.use_chat_template
     if family == "qwen3":
       c.model.chat_template_kwargs = '{"enable_thinking": false}'
-      build.validate_config(c)
+      validation.validate_config(c)
       no_think = build.load_codec(c, task, str(tmp_path))[0]
       prompt = codec.encode_prompt(TEXT).tolist()
       assert no_think.encode_prompt(TEXT).tolist() == prompt + ids("<think>", "\n\n", "</think>",
@@ -231,7 +232,7 @@ def test_build_accepts_the_models_tokenizers(family, qwen3_dir, llama_dir, tmp_p
 
 
 def test_chat_template_modes_and_errors(tmp_path):
-  from jaxreplay import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
   char_dir = str(tmp_path / "chars")
   tok_lib.build_char_tokenizer("0123456789+=", char_dir)
   assert not tok_lib.load_tokenizer(char_dir, use_chat_template="auto").use_chat_template
@@ -246,10 +247,10 @@ def test_chat_template_modes_and_errors(tmp_path):
   c.model.chat_template = "yes"
   c.model.chat_template_kwargs = "enable_thinking=False"
   with pytest.raises(ValueError) as e:
-    build.validate_config(c)
+    validation.validate_config(c)
   assert "model.chat_template='yes': expected one of ('auto'" in str(e.value)
   assert "model.chat_template_kwargs='enable_thinking=False' is not valid JSON" in str(e.value)
   c.model.chat_template = "off"
   c.model.chat_template_kwargs = "[1]"
   with pytest.raises(ValueError, match="must be a JSON object of template variables"):
-    build.validate_config(c)
+    validation.validate_config(c)

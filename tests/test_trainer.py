@@ -12,11 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from jaxreplay import batch as batch_lib
-from jaxreplay import losses
-from jaxreplay import optim
-from jaxreplay import sharding
-from jaxreplay import trainer
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.learner import losses
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
@@ -354,7 +354,7 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="'asymre' has no importance ratio"):
+  with pytest.raises(ValueError, match="tis_cap=2.0 is an option of loss 'grpo', not of 'asymre'"):
     trainer.make_loss_fn("asymre", tis_cap=2.0)
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
     trainer.make_loss_fn(tis_cap=-1.0)
@@ -371,7 +371,7 @@ def test_errors(data):
 
 def test_undeclared_aux_kind_raises(data, monkeypatch):
   """A statistic without a kind in losses.AUX_KINDS fails, naming it, with and without micro-batches."""
-  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.losses.AUX_KINDS"):
+  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.learner.losses.AUX_KINDS"):
     trainer._combine_aux({"new_stat": jnp.ones(2)}, jnp.ones(2), jnp.ones(2), jnp.ones(2))
   monkeypatch.setitem(losses.AUX_KINDS, "num_tokens", "mean")
   with pytest.raises(ValueError, match="'num_tokens'.*got 'mean'.*token_mean"):
@@ -484,7 +484,7 @@ def test_nonfinite_update_is_skipped_and_counted(data):
 def _rollouts(n=8, seed=3, max_prompt=8, max_completion=22):
   """n rollouts of varied lengths (4..max_prompt + max_completion tokens) with behaviour log-probs
   that make ratios clip."""
-  from jaxreplay import buffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import buffer  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   out = []
   for i in range(n):
@@ -514,7 +514,7 @@ ROLLOUTS = _rollouts()
 @pytest.mark.parametrize("name,aggregation", [("grpo", "token_mean"), ("asymre", "sequence_mean"),
                                               ("grpo", "constant"), ("asymre", "token_mean")])
 def test_packed_batch_same_loss_aux_and_grads(data, name, aggregation):
-  from jaxreplay import collate  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import collate  # pylint: disable=g-import-not-at-top
   unpacked = collate.collate(ROLLOUTS, buckets=(T,), batch_size=len(ROLLOUTS))
   packed = collate.collate(ROLLOUTS, buckets=(T,), batch_size=len(ROLLOUTS), pack=True)
   assert packed.packed and not unpacked.packed
@@ -535,7 +535,7 @@ def test_packed_batch_same_loss_aux_and_grads(data, name, aggregation):
 def test_packed_train_step_with_microbatches_equals_unpacked(data, aggregation):
   """The jitted step (k = 2 micro-batches, 2-device FSDP mesh) on the packed batch == the unpacked
   batch on one device: loss, every metric, gradients and the updated params."""
-  from jaxreplay import collate  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import collate  # pylint: disable=g-import-not-at-top
   mesh = _mesh((1, 2, 1))
   multiple = sharding.batch_size_multiple(mesh) * 2
   rollouts = _rollouts(16, seed=4, max_prompt=5, max_completion=9)  # rows come in 4s

@@ -15,9 +15,9 @@ import pytest
 from jaxreplay import models
 from jaxreplay.rollout import base
 from jaxreplay.rollout.base import SamplingParams, Weights
-from jaxreplay.rollout.vllm_worker import (VllmEngine, VllmWorkerProcess, WorkerDied,
+from jaxreplay.rollout.vllm.engine import (VllmEngine, VllmWorkerProcess, WorkerDied,
                                            request_seed)
-from jaxreplay.rollout.weight_sync import WeightPublisher
+from jaxreplay.rollout.weights.file_publisher import WeightPublisher
 from tests.conftest import require
 
 pytestmark = pytest.mark.slow  # vLLM engines start in seconds each
@@ -269,7 +269,8 @@ def test_engine_core_in_its_own_process_generates_and_reloads(setup):
   """vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, the GPU setting of
   `workers.vllm_engine_settings`): the reload RPC (a function shipped to vLLM's worker) still loads
   the new weights, and one call of many prompts (a pool worker's merged requests) comes back whole."""
-  from jaxreplay import config_defaults, workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
   _, params, publisher = setup
   v0 = publish_next(publisher, params[0])
   v1 = publish_next(publisher, params[1])
@@ -319,7 +320,7 @@ def test_worker_process_from_an_unguarded_script_and_request_timeout(setup, tmp_
       import sys
       import numpy as np
       from jaxreplay.rollout.base import SamplingParams
-      from jaxreplay.rollout.vllm_worker import VllmWorkerProcess, WorkerDied
+      from jaxreplay.rollout.vllm.engine import VllmWorkerProcess, WorkerDied
       print("top level ran", flush=True)
       worker = VllmWorkerProcess(sys.argv[1], max_model_len=128, max_num_seqs=4)
       groups = worker.generate([np.array([1, 5, 6])], 2, SamplingParams(max_tokens=4))
@@ -347,7 +348,7 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
   """vLLM's layerwise reload warns "<Layer>: Failed to load weights" for rotary embeddings (a
   computed buffer) and a tied LM head on every refresh; those go, any other layer's stays."""
   import logging  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout import vllm_worker  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm import engine as vllm_worker  # pylint: disable=g-import-not-at-top
 
   def record(layer):
     return logging.LogRecord(vllm_worker._RELOAD_LOGGER, logging.WARNING, __file__, 1,  # pylint: disable=protected-access
@@ -366,7 +367,7 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
 
 def test_benign_startup_warnings_are_filtered_and_others_kept():
   import logging  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout import vllm_worker  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm import engine as vllm_worker  # pylint: disable=g-import-not-at-top
   f = vllm_worker._BenignStartupWarnings(["Chat template warmup failed", "Using None for EOS"])  # pylint: disable=protected-access
 
   def record(msg):

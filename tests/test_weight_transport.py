@@ -19,11 +19,11 @@ import pytest
 
 from jaxreplay import models
 from jaxreplay.models import hf_io
-from jaxreplay.rollout import shm_weights
+from jaxreplay.rollout.weights import shm_format as shm_weights
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.pool import WorkerPool
-from jaxreplay.rollout.shm_publisher import ShmPublisher
-from jaxreplay.rollout.weight_sync import WeightPublisher, remove_stale_roots
+from jaxreplay.rollout.weights.shm_publisher import ShmPublisher
+from jaxreplay.rollout.weights.file_publisher import WeightPublisher, remove_stale_roots
 from tests.conftest import require
 
 TINY = models.presets.tiny()
@@ -225,7 +225,7 @@ def test_segments_of_a_killed_run_are_removed_and_a_normal_exit_leaves_none(tmp_
       sys.path.insert(0, {REPO!r})
       import jax
       from jaxreplay import models
-      from jaxreplay.rollout.shm_publisher import ShmPublisher
+      from jaxreplay.rollout.weights.shm_publisher import ShmPublisher
       cfg = models.presets.tiny()
       pub = ShmPublisher(cfg, "float32")
       pub.publish(models.init_params(cfg, jax.random.key(0)), 0).wait()
@@ -329,7 +329,7 @@ def _generate_fixed(engine, sampling):
 @pytest.mark.slow
 def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
   require("vllm")
-  from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)  # temperature 1: log-probs comparable with the JAX forward
@@ -376,7 +376,7 @@ def test_direct_cpu_load_equals_vllm_generic_reload(cfg, dtype):
   generates exactly what vLLM's generic layerwise reload gives, and matches the JAX forward (f32;
   bf16 engines to bf16 rounding)."""
   require("vllm")
-  from jaxreplay.rollout.vllm_worker import VllmEngine  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   params = [models.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)
@@ -408,7 +408,7 @@ def test_direct_cpu_load_equals_vllm_generic_reload(cfg, dtype):
       names = hf_io.hf_names(cfg)
 
       def probe(worker):
-        from jaxreplay.rollout import vllm_direct_load  # pylint: disable=g-import-not-at-top
+        from jaxreplay.rollout.vllm import direct_load as vllm_direct_load  # pylint: disable=g-import-not-at-top
         model = worker.model_runner.get_model()
         partial = [n for n in names if "k_proj.weight" not in n]
         return (vllm_direct_load.plan(model, names) is not None,
@@ -423,7 +423,8 @@ def test_worker_process_through_the_rollout_backend_uses_shm():
   """`RolloutBackend` (vllm, transport shm): the worker process starts from the config-only dir,
   loads the published segment, and a refresh after the trainer's params changed lands."""
   require("vllm")
-  from jaxreplay import config_defaults, workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
   from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   c = config_defaults.base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32

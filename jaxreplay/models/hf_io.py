@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxreplay import sharding as sharding_lib
+from jaxreplay.infra import sharding as sharding_lib
 from jaxreplay.models import layout
 from jaxreplay.models import safetensors_io
 from jaxreplay.models.config import ModelConfig

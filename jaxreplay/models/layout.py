@@ -192,7 +192,7 @@ def unpad(cfg: ModelConfig, params: Params, layers: bool = True) -> Params:
   """`params` with every leaf sliced to its logical shape (`Rule.jax_shape`).
 
   A trainer on a mesh whose axes do not divide a dimension stores that leaf padded at the end
-  (`jaxreplay.sharding.storage_shape`); the model functions call this first, so padded and unpadded
+  (`jaxreplay.infra.sharding.storage_shape`); the model functions call this first, so padded and unpadded
   params give the same results. layers=False leaves `params["layers"]` as it is (the forward's
   layer scan slices each layer with `unpad_layer`, so the stacked weights are never copied).
   Returns `params` itself when nothing is padded.

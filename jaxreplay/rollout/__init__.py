@@ -2,7 +2,7 @@
 
 Only the interface (numpy) is imported eagerly. The rest loads on first use, so that importing
 `jaxreplay.rollout` never imports vLLM or torch (an optional extra), and a vLLM worker process that
-imports `jaxreplay.rollout.vllm_worker` does not import JAX.
+imports `jaxreplay.rollout.vllm.engine` does not import JAX.
 """
 import importlib
 
@@ -11,11 +11,11 @@ from jaxreplay.rollout.base import (Completion, Group, RolloutWorker, SamplingPa
 
 _LAZY = {
     "JaxSampler": "jaxreplay.rollout.jax_sampler",
-    "VllmEngine": "jaxreplay.rollout.vllm_worker",
-    "VllmWorkerProcess": "jaxreplay.rollout.vllm_worker",
-    "WeightPublisher": "jaxreplay.rollout.weight_sync",
-    "PublishRecord": "jaxreplay.rollout.weight_sync",
-    "ShmPublisher": "jaxreplay.rollout.shm_publisher",
+    "VllmEngine": "jaxreplay.rollout.vllm.engine",
+    "VllmWorkerProcess": "jaxreplay.rollout.vllm.engine",
+    "WeightPublisher": "jaxreplay.rollout.weights.file_publisher",
+    "PublishRecord": "jaxreplay.rollout.weights.file_publisher",
+    "ShmPublisher": "jaxreplay.rollout.weights.shm_publisher",
     "WorkerPool": "jaxreplay.rollout.pool",
     "PromptBatch": "jaxreplay.rollout.pool",
     "Delivery": "jaxreplay.rollout.pool",

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
-from jaxreplay.rollout.shm_weights import StaleWeights
+from jaxreplay.rollout.weights.shm_format import StaleWeights
 
 
 class PoolStopped(RuntimeError):

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 from absl import logging as absl_logging
 import numpy as np
 
-from jaxreplay.child_process import ChildDied, ChildProcess, ChildTimeout
+from jaxreplay.infra.child_process import ChildDied, ChildProcess, ChildTimeout
 
 _MATH_VERIFY_QUIET = False
 

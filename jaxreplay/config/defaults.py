@@ -1,0 +1,249 @@
+"""Every key a jaxreplay run reads, with its default and unit. Config files start from `base_config()`.
+
+Counts of rollouts (N, B, R) follow the paper: one rollout = one completion of one prompt.
+Configs are locked by the launcher: a misspelled key on the command line is an error naming it.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.total_steps = 100              # gradient steps (= policy versions produced); a cap when
+                                   # compute_budget is set
+  c.compute_budget = 0.0           # device-seconds of `compute_seconds` (the run's compute axis);
+                                   # > 0: stop at the first step that reaches it; 0 = off
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"          # jaxreplay.models.presets name, used when `path` is empty
+  c.model.path = ""                # HF model dir (config.json + *.safetensors) to start from
+  c.model.tokenizer = ""           # tokenizer dir; empty: the model dir
+  c.model.chat_template = "auto"   # prompts as a user turn of the tokenizer's chat template:
+                                   # auto (when the tokenizer ships one) | on | off
+  c.model.chat_template_kwargs = ""  # JSON object of template variables, e.g.
+                                   # '{"enable_thinking": false}' (Qwen3), '{"date_string":
+                                   # "26 Jul 2024"}' (Llama-3.x, else today's date)
+  c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
+  c.model.param_dtype = "float32"
+  c.model.remat = False
+  c.model.scan_unroll = 0          # layers per iteration of the layer scan: 0 = auto (all of them up
+                                   # to 4 layers without remat, else 1) | 1 (a rolled loop: before
+                                   # issue 13) | k
+  c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
+                                   # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
+  c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
+  c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
+  c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
+                                   # removed from training; empty: a hashed 5% of task.path
+  c.task.problem_key = "problem"
+  c.task.answer_key = "answer"
+  c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
+  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n)
+  c.task.ops = "+"
+  c.task.reward_timeout_s = 5.0
+  c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
+  c.task.reward_fn = ""            # math: "module:function", fn(completion: str, answer: str) ->
+                                   # float, run in the reward processes (time- and memory-limited
+                                   # as math-verify); empty: math-verify
+  c.task.num_reward_workers = 4    # math: reward processes; concurrent deliveries score in parallel
+  c.task.max_skip_fraction = 0.01  # share of dataset rows (train; held-out separately) that may be
+                                   # dropped at load for not fitting model.max_len (else an error)
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
+                                   # | auto (vllm when installed, else jax)
+  c.rollout.num_workers = 1        # W
+  c.rollout.group_size = 16        # G completions per prompt
+  c.rollout.prompts_per_request = 4
+  c.rollout.temperature = 1.0
+  c.rollout.top_p = 1.0
+  c.rollout.top_k = 0
+  c.rollout.max_tokens = 64
+  c.rollout.refresh_every = 1      # trainer steps between worker weight refreshes
+  c.rollout.prompts_in_flight = 0  # prompts a worker takes into one generate call (whole
+                                   # requests of prompts_per_request); 0 = auto: vllm fills its
+                                   # engine (vllm_max_num_seqs // group_size prompts), jax one request
+  c.rollout.vllm_kv_cache_gib = 1  # CPU engines: KV cache [GiB] (GPU: vllm_gpu_memory_utilization)
+  c.rollout.vllm_gpu_memory_utilization = 0.9  # share of its GPU(s) an engine takes (weights + KV
+                                   # cache); lower it when the trainer shares the GPU
+  c.rollout.vllm_max_num_seqs = 256  # sequences an engine batches at once
+  c.rollout.vllm_tensor_parallel_size = 1  # GPUs per engine (JAXREPLAY_WORKER_GPUS is split in
+                                   # groups of this size: workers.worker_gpu_groups)
+  c.rollout.vllm_max_model_len = 0  # engine context [tokens]; 0 = model.max_len
+  c.rollout.vllm_enforce_eager = "auto"  # auto (eager on CPU, CUDA graphs on GPU) | true | false
+  c.rollout.vllm_engine_process = "auto"  # auto (in-process engine core on CPU, vLLM's own
+                                   # engine-core process on GPU) | true | false
+  c.rollout.vllm_dtype = "auto"     # engine weights and compute: auto (float32 on CPU, bfloat16 on
+                                   # GPU) | float32 | bfloat16 | float16; weights are published in it
+  c.rollout.weight_transport = "shm"  # how new weights reach vLLM engines: shm (HF tensors in one
+                                   # /dev/shm segment, written off the trainer's thread, loaded through
+                                   # vLLM's weight-transfer API) | file (an HF safetensors dir per
+                                   # refresh); JAX samplers always get device arrays
+  c.rollout.sampler_batch_size = 64
+  c.rollout.placement = "local"    # where workers run: local (this process / child processes of
+                                   # this machine) | ray (Ray actors; weights through Ray's object
+                                   # store; needs the `ray` extra)
+  c.rollout.ray_address = ""       # placement ray: "" starts a local Ray instance in this process;
+                                   # "auto" (the cluster `ray start` made on this node) or
+                                   # "host:port" of a running cluster's head connects to it
+  c.rollout.ray_num_cpus_per_worker = 1.0  # placement ray: CPUs reserved per worker actor (> 0)
+  c.rollout.ray_num_gpus_per_worker = -1.0  # placement ray: GPUs per worker actor (fractions ok);
+                                   # -1 = auto (vllm_tensor_parallel_size for vllm on a GPU machine,
+                                   # else 0)
+  c.rollout.ray_placement_strategy = "PACK"  # placement ray: the one placement group (a bundle per
+                                   # worker): PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+  c.rollout.ray_max_restarts = 5   # placement ray: Ray restarts of each worker actor (-1 = no
+                                   # limit); then the worker is dead for good and the run fails
+
+  c.buffer = ml_collections.ConfigDict()
+  c.buffer.size = 84               # N, in rollouts
+  c.buffer.batch_size = 60         # B, rollouts per gradient step
+  c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
+  c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
+  c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
+
+  c.trainer = ml_collections.ConfigDict()
+  c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the
+                                   # compute accounting and the simulated schedule
+  c.trainer.mesh_shape = (1, -1, 1)  # (data, fsdp, tensor)
+  c.trainer.loss = "grpo"          # grpo | asymre
+  c.trainer.eps_low = 0.2
+  c.trainer.eps_high = 0.2
+  c.trainer.tau = -0.1             # AsymRE baseline shift
+  c.trainer.adv_eps = 1e-6
+  c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
+  c.trainer.kl_coef = 0.0
+  c.trainer.tis_cap = 0.0          # grpo: truncated IS, token weight min(pi_theta/pi_sampler, C);
+                                   # 0 = off, 2.0 is common (trainer.make_loss_fn)
+  c.trainer.learning_rate = 1e-6
+  c.trainer.warmup_steps = 0
+  c.trainer.schedule = "constant"  # constant | cosine
+  c.trainer.weight_decay = 0.0
+  c.trainer.b1 = 0.9
+  c.trainer.b2 = 0.999
+  c.trainer.max_grad_norm = 1.0
+  c.trainer.num_microbatches = 1
+  c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
+                                     # nonfinite_skipped); this many in a row stop the run
+  c.trainer.nonfinite_check = "grads"  # what decides a skip: grads (loss and gradient norm, before
+                                   # the update) | updated (also the updated params' norm: one more
+                                   # pass over params and Adam state; the behaviour before issue 13)
+  c.trainer.logprob_chunk = 512    # sequence chunk of the log-prob computation
+  c.trainer.logprob_remat = "auto"  # recompute each chunk's logits in the backward: auto (only with
+                                   # >= 2 chunks, i.e. T > logprob_chunk) | always (the behaviour
+                                   # before issue 13) | never (keeps [B, T, V] logits); same values
+  c.trainer.log_entropy = True     # the train step's "entropy" metric (mean next-token entropy over
+                                   # completion tokens; one more pass over each logits chunk)
+  c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+  c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
+                                   # the fewest token slots); same loss and gradients, less padding
+                                   # (tiny default: padding 44% -> 25%, 25% fewer token slots)
+
+  c.devices = ml_collections.ConfigDict()  # GPUs of one node (jaxreplay.config.devices); CPU: unused
+  c.devices.trainer = ""           # "0,1,2": the trainer's GPUs; "" = the first trainer.num_devices
+  c.devices.workers = ""           # "3,4,5,6,7": the rollout workers' GPUs; "" = the GPUs left
+  c.devices.memory_gib = 0.0       # one trainer device's memory for the --dry_run fit check [GiB];
+                                   # 0 = the GPU's own (or no check on CPU)
+  c.devices.memory_fraction = 0.9  # the share of it JAX may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION)
+
+  c.scheduler = ml_collections.ConfigDict()
+  c.scheduler.kind = "simulated"   # simulated: W workers / T trainer devices in virtual time |
+                                   # sync: the theory's synchronous loop (R new rollouts per step)
+                                   # | async: real concurrency
+  # Virtual costs (simulated, sync), in device-seconds. A rollout of the reference length costs
+  # g = mu * train_seconds_per_step / B; a request costs prefill_fraction * g per rollout plus
+  # (1 - prefill_fraction) * g / reference_tokens per generated token.
+  c.scheduler.mu = 6.84            # generation / training cost per update (paper: Qwen3-0.6B)
+  c.scheduler.train_seconds_per_step = 1.0
+  c.scheduler.prefill_fraction = 0.1  # share of a reference rollout's cost that does not scale
+                                   # with its generated tokens
+  c.scheduler.reference_tokens = 0.0  # completion tokens of a reference rollout; 0 = the mean of
+                                   # the run's first request
+  c.scheduler.rollouts_per_step = 64  # sync: R, rollouts generated per gradient step
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)
+  c.eval.compute_grid = ()         # compute_seconds values: evaluate at the first step reaching
+                                   # each (and at step 0 and the end); () = every eval.every steps
+  c.eval.passk_grid = ()           # compute_grid points whose evaluation also draws the n_samples
+                                   # pass@k / entropy samples (pass@1 only at the others; the final
+                                   # evaluation always draws them); () = every evaluation
+  c.eval.num_problems = 64
+  c.eval.batch_size = 0            # sequences per JAX-sampler call of evaluation (its KV cache is
+                                   # on a trainer device); 0 = rollout.sampler_batch_size
+  c.eval.n_samples = 16
+  c.eval.ks = (1, 2, 4, 8, 16)
+  c.eval.temperature_pass1 = 0.1
+  c.eval.temperature_passk = 1.0
+  c.eval.top_p = 1.0               # the paper evaluates at top_p 0.95
+  c.eval.backend = "auto"          # where evaluation samples: engines (the rollout workers, between
+                                   # requests: no KV cache on the trainer devices) | trainer (a JAX
+                                   # sampler beside the train state) | auto (engines when
+                                   # rollout.backend is vllm, else trainer); run_config.json records
+                                   # the resolved value
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 20          # steps
+  c.checkpoint.keep = 2
+  c.export_hf_every = 0            # steps between DIR/hf exports (and the last step); 0 = with
+                                   # every checkpoint
+
+  c.sft = ml_collections.ConfigDict()  # supervised warm-start (`python -m jaxreplay.sft`)
+  c.sft.steps = 400                # gradient steps
+  c.sft.batch = 128                # examples per step
+  c.sft.learning_rate = 3e-3       # Adam peak (20 warmup steps, cosine to 10%)
+  c.sft.seed = 0
+  c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry;
+                                   # scratchpad: probability that a demonstration forgets a carry
+  c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
+                                   # demonstrations misremember (written as sum +- 1)
+  c.sft.slip_range = (0.4, 0.95)   # scratchpad: probability range of writing a misremembered fact
+
+  c.log = ml_collections.ConfigDict()
+  c.log.every_s = 10.0
+  c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
+  c.log.wandb_project = ""         # Weights & Biases project; "" = off (wandb is not imported)
+  c.log.wandb_entity = ""          # W&B team / user; "" = your default entity
+  c.log.wandb_mode = "online"      # online | offline (DIR/wandb; upload later with `wandb sync`)
+  c.log.wandb_run_name = ""        # "" = the workdir's name
+  return c
+
+
+def gpu_math_config(preset: str, learning_rate: float, mu: float,
+                    num_microbatches: int = 5) -> ml_collections.ConfigDict:
+  """The paper's GPU math setting for one model: vLLM workers (W, T) = (5, 3), N=84, B=60, G=16,
+  async schedule, bf16 compute with f32 master weights. Set model.path and task.path to run.
+
+  num_microbatches 5 divides B/T for each of the paper's splits (W, T) = (5, 3), (6, 2), (4, 4):
+  4, 6 and 3 rows of model.max_len tokens per device per micro-batch."""
+  c = base_config()
+  c.total_steps = 1000
+  c.model.preset = preset
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.remat = True
+  c.model.max_len = 4608
+  c.task.name = "math"
+  c.eval.num_problems = 500        # MATH-500 sized held-out set
+  c.eval.batch_size = 16           # the eval KV cache at 4608 tokens: 16 rows (~10 GiB for 8B)
+  c.rollout.backend = "vllm"
+  c.rollout.num_workers = 5            # W
+  c.rollout.group_size = 16            # G
+  c.rollout.prompts_per_request = 4
+  c.rollout.max_tokens = 4096
+  c.buffer.size = 84                   # N
+  c.buffer.batch_size = 60             # B
+  c.trainer.num_devices = 3            # T
+  c.trainer.learning_rate = learning_rate
+  c.trainer.num_microbatches = num_microbatches
+  c.trainer.pack = True                # long-tailed math lengths: most of a 4.6k row is padding
+  c.scheduler.kind = "async"
+  c.scheduler.mu = mu
+  c.eval.every = 50
+  c.checkpoint.every = 50
+  return c

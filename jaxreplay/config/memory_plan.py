@@ -1,0 +1,239 @@
+"""`--dry_run`: the per-device memory plan of a config, built abstractly before anything is allocated.
+
+`plan(config)` reads at most the model's config.json (no weights, no tokenizer, no engines), builds
+the train state with `jax.eval_shape` on the trainer mesh (T devices: the real ones on a GPU node,
+the first T emulated CPU devices elsewhere) and adds up what one trainer device holds:
+
+  params, opt_state   the train state's shards (exact: storage shapes and shardings, padding included)
+  grads               the gradient (sharded like params, in the master dtype), its accumulator with
+                      micro-batches, and the optimizer update's temporaries (one params-sized array)
+  activations         an estimate at one micro-batch of model.max_len tokens (see `activation_bytes`)
+  eval_kv_cache       the JAX sampler's KV cache when it runs on the trainer devices (evaluation with
+                      eval.backend "trainer", and rollouts with rollout.backend=jax), on one device;
+                      0 when the vLLM engines evaluate (eval.backend "auto" with vLLM)
+  total               their sum (plus ref_params for the KL penalty)
+
+`check_fits` compares the total with devices.memory_gib x devices.memory_fraction (or the GPU's own
+memory). `dry_run(config, workdir)` prints the plan with the device split and writes WORKDIR/plan.json.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from jaxreplay.config import devices as devices_lib
+from jaxreplay.run import evaluation
+from jaxreplay import models
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
+
+GIB = 1024 ** 3
+
+
+class DoesNotFit(RuntimeError):
+  """The plan's per-device total exceeds the device memory (the message names what to change)."""
+
+
+def model_config(c) -> models.ModelConfig:
+  """The model of `c` without reading weights: model.path's config.json, else the preset."""
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
+  if c.model.path:
+    return models.ModelConfig.from_hf_dir(c.model.path, **overrides)
+  return models.presets.PRESETS[c.model.preset](**overrides)
+
+
+def planned_mesh(c, devices: Optional[list] = None):
+  """The mesh a plan assumes: trainer.mesh_shape over the first T = trainer.num_devices of
+  `devices` (default all), i.e. the GPU node's T trainer GPUs (`build.trainer_mesh` is the run's)."""
+  devices = list(jax.devices() if devices is None else devices)
+  t = int(c.trainer.num_devices)
+  if len(devices) < t:
+    raise ValueError(f"trainer.num_devices={t} but JAX sees {len(devices)} devices; lower "
+                     "trainer.num_devices (or, for a dry run on CPU, emulate devices with "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={t})")
+  return sharding.make_mesh(tuple(c.trainer.mesh_shape), devices=devices[:t])
+
+
+def batch_rule_errors(c, mesh) -> list[str]:
+  """The divisibility rules of batches on `mesh`, each broken one as a message with valid values."""
+  rows = sharding.batch_size_multiple(mesh)
+  k = int(c.trainer.num_microbatches)
+  b = int(c.buffer.batch_size)
+  if k < 1:
+    return [f"trainer.num_microbatches={k} must be >= 1"]
+  if b % (rows * k) == 0:
+    return []
+  per_device = b // rows if b % rows == 0 else None
+  valid_k = [d for d in range(1, per_device + 1) if per_device % d == 0] if per_device else []
+  near_b = sorted({max(rows * k, b - b % (rows * k)), b - b % (rows * k) + rows * k} - {0})
+  fix = (f"valid trainer.num_microbatches for B={b} on data*fsdp={rows}: "
+         f"{', '.join(map(str, valid_k))}; " if valid_k else "")
+  return [f"buffer.batch_size={b} must be a multiple of data*fsdp*num_microbatches = {rows}*{k} = "
+          f"{rows * k} (mesh {dict(mesh.shape)} over {mesh.size} trainer devices): {fix}or "
+          f"buffer.batch_size in {near_b}"]
+
+
+def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: int,
+                     flash_attention: bool = False) -> int:
+  """Estimated peak activation bytes of one device's micro-batch (`rows` sequences of `seq_len`).
+
+  Per layer: the residual stream saved for the backward [rows, T, D] and the layer's working set in
+  the compute dtype (q, k, v, attention output, two norms' outputs, four [rows, T, F] MLP arrays),
+  plus the f32 attention scores [rows, Hq, T, T] three times (scores, probabilities, their
+  gradient) unless flash attention. With model.remat the stream is kept per layer and one layer's
+  working set exists at a time; without it every layer's is kept. Plus the log-prob chunk's f32
+  logits [rows, chunk, V] three times. Calibrated against XLA's compiled temp bytes on CPU
+  (tests/test_memory_plan.py: within 1.5x either way).
+  """
+  cb = np.dtype(cfg.compute_dtype).itemsize
+  tokens = rows * seq_len
+  hq, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  stream = tokens * cfg.hidden_size * cb
+  work = tokens * ((2 * hq + 2 * hkv) * hd + 4 * cfg.intermediate_size + 2 * cfg.hidden_size) * cb
+  if not flash_attention:
+    work += 3 * rows * hq * seq_len * seq_len * 4
+  layers = cfg.num_hidden_layers
+  body = layers * stream + work if cfg.remat else layers * (stream + work)
+  logits = 3 * rows * min(chunk, seq_len) * cfg.vocab_size * 4
+  return int(body + logits)
+
+
+def kv_cache_bytes(cfg: models.ModelConfig, rows: int, max_len: int) -> int:
+  """Bytes of a KV cache of `rows` sequences of `max_len` tokens (K and V, every layer)."""
+  cb = np.dtype(cfg.compute_dtype).itemsize
+  return int(2 * cfg.num_hidden_layers * rows * max_len * cfg.num_key_value_heads * cfg.head_dim * cb)
+
+
+def device_memory_bytes(c) -> Optional[int]:
+  """Usable bytes of one trainer device: devices.memory_gib x memory_fraction when set, else the
+  GPU's own limit (jax memory_stats), else None (CPU: no check)."""
+  if c.devices.memory_gib > 0:
+    return int(c.devices.memory_gib * GIB * c.devices.memory_fraction)
+  dev = jax.devices()[0]
+  if dev.platform == "gpu":
+    stats = dev.memory_stats() or {}
+    if "bytes_limit" in stats:
+      return int(stats["bytes_limit"])
+  return None
+
+
+def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
+  """The memory plan of config `c` (see the module docstring); a JSON-ready dict."""
+  cfg = model_config(c)
+  mesh = planned_mesh(c, devices)
+  errors = batch_rule_errors(c, mesh)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  t = c.trainer
+  optimizer = optim.make_optimizer(t.learning_rate, warmup_steps=t.warmup_steps,
+                                   total_steps=c.total_steps, schedule=t.schedule,
+                                   weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
+                                   max_grad_norm=t.max_grad_norm)
+  state = jax.eval_shape(lambda: trainer.init_train_state(
+      cfg, optimizer, jax.random.PRNGKey(0), mesh=mesh, with_ref_params=t.kl_coef != 0.0))
+  shardings = trainer.state_shardings(state, mesh)
+  params = sharding.shard_bytes(state.params, shardings.params)
+  opt_state = sharding.shard_bytes(state.opt_state, shardings.opt_state)
+  # The gradient (f32, sharded like params), its accumulator with micro-batches, and the optimizer
+  # update's temporaries (about one more params-sized array).
+  grads = params * (3 if t.num_microbatches > 1 else 2)
+  rows = c.buffer.batch_size // sharding.batch_size_multiple(mesh) // t.num_microbatches
+  # model.attention "auto" is cuDNN flash attention on GPU in bfloat16: the plan is the GPU's.
+  attention = c.model.get("attention", "einsum")
+  flash = attention == "cudnn" or (attention == "auto" and c.model.dtype == "bfloat16")
+  activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash)
+  kv = 0
+  rollout_backend = c.rollout.backend
+  if rollout_backend == "auto":
+    rollout_backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
+  eval_backend = evaluation.resolve_eval_backend(c.eval.backend, rollout_backend)
+  if c.eval.num_problems and eval_backend == "trainer":
+    kv = kv_cache_bytes(cfg, c.eval.batch_size or c.rollout.sampler_batch_size, c.model.max_len)
+  if rollout_backend == "jax":  # rollouts are sampled on the trainer devices too
+    kv = max(kv, kv_cache_bytes(cfg, c.rollout.sampler_batch_size, c.model.max_len))
+  ref = sharding.shard_bytes(state.ref_params, shardings.ref_params) if state.ref_params else 0
+  per_device = dict(params=params, opt_state=opt_state, grads=grads, activations=activations,
+                    eval_kv_cache=kv)
+  if ref:
+    per_device["ref_params"] = ref
+  per_device["total"] = sum(per_device.values())
+  padded = sharding.padded_leaves(
+      jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+  limit = device_memory_bytes(c)
+  return {
+      "model": {"preset": c.model.preset, "path": c.model.path, "params": cfg.num_params(),
+                "dtype": c.model.dtype, "param_dtype": c.model.param_dtype, "remat": c.model.remat},
+      "devices": {"trainer_devices": int(t.num_devices), "mesh": dict(mesh.shape),
+                  "platform": mesh.devices.flat[0].platform,
+                  "rollout_workers": int(c.rollout.num_workers), "rollout_backend": rollout_backend, "eval_backend": eval_backend},
+      "micro_batch": {"rows_per_device": int(rows), "tokens_per_row": int(c.model.max_len),
+                      "num_microbatches": int(t.num_microbatches), "flash_attention": flash},
+      "per_device_bytes": {k: int(v) for k, v in per_device.items()},
+      "params_fraction_per_device": params / max(1, cfg.num_params() *
+                                                 np.dtype(cfg.params_dtype).itemsize),
+      "padded_leaves": {k: {"logical": list(a), "storage": list(b)} for k, (a, b) in padded.items()},
+      "device_memory_bytes": limit,
+      "fits": None if limit is None else bool(per_device["total"] <= limit),
+  }
+
+
+def check_fits(p: dict[str, Any]) -> None:
+  """Raises DoesNotFit, naming the largest parts and what lowers them, when the plan's total
+  exceeds the device memory."""
+  if p["fits"] is not False:
+    return
+  parts = {k: v for k, v in p["per_device_bytes"].items() if k != "total"}
+  top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+  raise DoesNotFit(
+      f"the plan needs {p['per_device_bytes']['total'] / GIB:.1f} GiB per trainer device but "
+      f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable ({top} GiB). Lower it with more "
+      "trainer devices (trainer.num_devices), more trainer.num_microbatches, model.remat=True, "
+      "a smaller model.max_len or rollout.sampler_batch_size, or raise devices.memory_fraction")
+
+
+def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None) -> str:
+  """A human-readable table of the plan."""
+  d = p["devices"]
+  lines = [f"model: {p['model']['preset'] if not p['model']['path'] else p['model']['path']} "
+           f"({p['model']['params'] / 1e9:.2f}B params, {p['model']['dtype']} compute, "
+           f"{p['model']['param_dtype']} master weights)",
+           f"trainer: T={d['trainer_devices']} {d['platform']} devices, mesh {d['mesh']}; "
+           f"rollout: W={d['rollout_workers']} {d['rollout_backend']} workers"]
+  if split is not None:
+    lines.append(f"GPUs: trainer {','.join(split.trainer)}; workers {','.join(split.workers)} "
+                 f"({split.per_worker} per worker)")
+  mb = p["micro_batch"]
+  lines.append(f"micro-batch: {mb['rows_per_device']} rows x {mb['tokens_per_row']} tokens per "
+               f"device, {mb['num_microbatches']} micro-batches per step")
+  lines.append(f"{'per device':<16}{'GiB':>10}")
+  for k, v in p["per_device_bytes"].items():
+    lines.append(f"{k:<16}{v / GIB:>10.2f}")
+  limit = p["device_memory_bytes"]
+  lines.append(f"usable memory: {'unknown (set devices.memory_gib)' if limit is None else f'{limit / GIB:.2f} GiB'}"
+               f"; fits: {p['fits']}")
+  lines.append(f"params per device: {p['params_fraction_per_device']:.3f} of the model"
+               f"{'; padded leaves: ' + ', '.join(p['padded_leaves']) if p['padded_leaves'] else ''}")
+  return "\n".join(lines)
+
+
+def dry_run(c, workdir: str, split: Optional[devices_lib.GpuSplit] = None) -> dict[str, Any]:
+  """Plans `c`, prints the plan, writes WORKDIR/plan.json and raises DoesNotFit when it does not
+  fit. Nothing is loaded or started."""
+  p = plan(c)
+  if split is not None:
+    p["devices"]["trainer_gpus"] = list(split.trainer)
+    p["devices"]["worker_gpus"] = list(split.workers)
+  os.makedirs(workdir, exist_ok=True)
+  tmp = os.path.join(workdir, "plan.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump(p, f, indent=1)
+  os.replace(tmp, os.path.join(workdir, "plan.json"))
+  print(format_plan(p, split), flush=True)
+  check_fits(p)
+  return p

@@ -1,0 +1,304 @@
+"""Config validation, section by section, run once before anything is built.
+
+`validate_config(c)` collects the errors of every section (`model_errors(c.model)`,
+`trainer_errors(c.trainer, c)`, ...) and raises one ValueError listing them all, each naming the key,
+its value and the fix. A new key's check goes in its section's function, next to the other checks of
+that section; the allowed values of a key live with the code that reads it (e.g.
+`data.buffer.CONSUME_ORDERS`) and are only referenced here. An algorithm's own options are checked by
+their dataclass (`learner.algorithms`), never re-typed here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from jaxreplay.config import devices as devices_lib
+
+BACKENDS = ("jax", "vllm", "auto")
+SCHEDULES = ("simulated", "sync", "async")
+TASKS = ("arithmetic", "scratchpad", "math")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
+TRI_STATE = ("auto", "true", "false")
+
+
+def validate_config(c) -> None:
+  """Config conflicts a user can make, caught before anything is built (one ValueError)."""
+  errors = (run_errors(c) + model_errors(c.model) + task_errors(c.task) +
+            rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout) +
+            trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
+            devices_errors(c.devices) + log_errors(c))
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def run_errors(c) -> list[str]:
+  """The top-level keys: total_steps, compute_budget, export_hf_every."""
+  errors = []
+  if c.total_steps < 1:
+    errors.append(f"total_steps={c.total_steps} must be >= 1")
+  if c.compute_budget < 0:
+    errors.append(f"compute_budget={c.compute_budget} must be >= 0 (device-seconds; 0 = off)")
+  if c.compute_budget > 0 and c.trainer.schedule == "cosine":
+    errors.append("compute_budget with trainer.schedule='cosine': the cosine decays over "
+                  "total_steps, which the budget cuts short; use trainer.schedule='constant'")
+  if c.export_hf_every < 0:
+    errors.append(f"export_hf_every={c.export_hf_every} must be >= 0 (0 = at checkpoints)")
+  return errors
+
+
+def model_errors(m) -> list[str]:
+  """model.*: the starting checkpoint and the chat template."""
+  from jaxreplay import tasks  # pylint: disable=g-import-not-at-top
+  errors = []
+  if m.path and not os.path.isdir(m.path):
+    errors.append(f"model.path={m.path!r} is not a directory; pass a Hugging Face model dir "
+                  "(config.json + *.safetensors)")
+  mode = m.chat_template
+  if not isinstance(mode, bool) and mode not in tasks.CHAT_TEMPLATE_MODES:
+    errors.append(f"model.chat_template={mode!r}: expected one of {tasks.CHAT_TEMPLATE_MODES}")
+  try:
+    chat_template_kwargs(m)
+  except ValueError as e:
+    errors.append(str(e))
+  return errors
+
+
+def chat_template_kwargs(m) -> dict:
+  """model.chat_template_kwargs (a JSON object, "" = none) as a dict; ValueError naming the fix.
+  `m` is the model section (or the whole config, whose `model` section is read)."""
+  m = m.model if "model" in m else m
+  text = m.chat_template_kwargs
+  if not text:
+    return {}
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"model.chat_template_kwargs={text!r} is not valid JSON ({e}); e.g. "
+                     "'{\"enable_thinking\": false}'") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"model.chat_template_kwargs={text!r} must be a JSON object of template "
+                     "variables, e.g. '{\"enable_thinking\": false}'")
+  return value
+
+
+def task_errors(t) -> list[str]:
+  """task.*: the task's name, digits, dataset files and reward function."""
+  from jaxreplay.tasks import arithmetic  # pylint: disable=g-import-not-at-top
+  errors = []
+  if t.name not in TASKS:
+    errors.append(f"task.name={t.name!r}: expected one of {TASKS}")
+  if t.name in PROCEDURAL_TASKS:
+    try:
+      arithmetic.digit_range(t.num_digits)
+    except ValueError as e:
+      errors.append(f"task.{e}")
+  if not 0.0 <= t.max_skip_fraction <= 1.0:
+    errors.append(f"task.max_skip_fraction={t.max_skip_fraction} must be in [0, 1] (the "
+                  "share of dataset rows that may be dropped for not fitting the context)")
+  if not t.reward_memory_gib > 0:
+    errors.append(f"task.reward_memory_gib={t.reward_memory_gib} must be > 0 [GiB]")
+  if t.name == "math" and not t.path:
+    errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
+                  "answer fields>")
+  for key in ("eval_path", "reward_fn"):
+    if t[key] and t.name != "math":
+      errors.append(f"task.{key}={t[key]!r} is only read by task.name='math' (task.name="
+                    f"{t.name!r}); unset it or use the math task")
+  if t.eval_path and not os.path.exists(t.eval_path):
+    errors.append(f"task.eval_path={t.eval_path!r} does not exist: give a local .jsonl, "
+                  ".json or .parquet file (or a directory of them), e.g. MATH-500's test.jsonl")
+  if t.reward_fn and t.reward_fn.count(":") != 1:
+    errors.append(f"task.reward_fn={t.reward_fn!r}: expected 'module:function' (e.g. "
+                  "'my_rewards:score', a function (completion: str, answer: str) -> float in an "
+                  "importable module)")
+  if t.num_reward_workers < 1:
+    errors.append(f"task.num_reward_workers={t.num_reward_workers} must be >= 1 (reward "
+                  "processes of the math task)")
+  return errors
+
+
+def rollout_errors(r, model_max_len: int) -> list[str]:
+  """rollout.*: the backend, the request shape, the vLLM engines and the weight transport."""
+  from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
+  errors = []
+  if r.backend not in BACKENDS:
+    errors.append(f"rollout.backend={r.backend!r}: expected one of {BACKENDS}")
+  if r.max_tokens >= model_max_len:
+    errors.append(f"rollout.max_tokens={r.max_tokens} leaves no room for a prompt in "
+                  f"model.max_len={model_max_len}; raise model.max_len")
+  if r.refresh_every < 1:
+    errors.append(f"rollout.refresh_every={r.refresh_every} must be >= 1")
+  ppr = r.prompts_per_request
+  if r.prompts_in_flight < 0 or r.prompts_in_flight % ppr:
+    errors.append(f"rollout.prompts_in_flight={r.prompts_in_flight} must be 0 (auto) or a positive "
+                  f"multiple of rollout.prompts_per_request={ppr} (workers take whole requests); "
+                  f"e.g. {max(ppr, r.prompts_in_flight - r.prompts_in_flight % ppr)}")
+  if not 0.0 < r.vllm_gpu_memory_utilization <= 1.0:
+    errors.append(f"rollout.vllm_gpu_memory_utilization={r.vllm_gpu_memory_utilization} must be "
+                  "in (0, 1] (the share of a worker GPU's memory its engine takes)")
+  if r.vllm_max_num_seqs < 1:
+    errors.append(f"rollout.vllm_max_num_seqs={r.vllm_max_num_seqs} must be >= 1")
+  if r.vllm_tensor_parallel_size < 1:
+    errors.append(f"rollout.vllm_tensor_parallel_size={r.vllm_tensor_parallel_size} must be >= 1")
+  if r.vllm_max_model_len < 0 or 0 < r.vllm_max_model_len < model_max_len:
+    errors.append(f"rollout.vllm_max_model_len={r.vllm_max_model_len} must be 0 (= model.max_len) "
+                  f"or >= model.max_len={model_max_len} (prompts + completions of that length "
+                  "reach the engine)")
+  for key in ("vllm_enforce_eager", "vllm_engine_process"):
+    if str(r[key]).lower() not in TRI_STATE:
+      errors.append(f"rollout.{key}={r[key]!r}: expected 'auto', 'true' or 'false'")
+  if r.vllm_dtype not in backends.VLLM_DTYPES:
+    errors.append(f"rollout.vllm_dtype={r.vllm_dtype!r}: expected one of {backends.VLLM_DTYPES}")
+  if r.weight_transport not in backends.WEIGHT_TRANSPORTS:
+    errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
+                  f"{backends.WEIGHT_TRANSPORTS} (shm: shared memory, file: an HF directory per "
+                  "refresh)")
+  return errors + ray_errors(r)
+
+
+def ray_errors(r) -> list[str]:
+  """rollout.placement and rollout.ray_*. `rollout.ray.group` (which imports Ray) is imported only
+  when placement is "ray"; the address is checked for its form here, whether it answers at build
+  (`ray.group.connect`)."""
+  from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
+  errors = []
+  placement = r.get("placement", "local")
+  if placement not in backends.PLACEMENTS:
+    errors.append(f"rollout.placement={placement!r}: expected one of {backends.PLACEMENTS} (local: "
+                  "this machine's processes, ray: Ray actors)")
+  if placement != "ray":
+    return errors
+  if importlib.util.find_spec("ray") is None:
+    return errors + ["rollout.placement='ray' but Ray is not installed: `pip install -e "
+                     "'.[ray]'`, or set --config.rollout.placement=local"]
+  from jaxreplay.rollout.ray import group  # pylint: disable=g-import-not-at-top
+  if r.ray_placement_strategy not in group.STRATEGIES:
+    errors.append(f"rollout.ray_placement_strategy={r.ray_placement_strategy!r}: expected one of "
+                  f"{group.STRATEGIES} (PACK: as few nodes as possible, SPREAD: across "
+                  "nodes; STRICT_PACK / STRICT_SPREAD: all on one node / each on its own, or fail)")
+  if not r.ray_num_cpus_per_worker > 0:
+    errors.append(f"rollout.ray_num_cpus_per_worker={r.ray_num_cpus_per_worker} must be > 0 "
+                  "(CPUs reserved per worker actor; fractions such as 0.5 are allowed)")
+  if r.ray_num_gpus_per_worker < 0 and r.ray_num_gpus_per_worker != -1:
+    errors.append(f"rollout.ray_num_gpus_per_worker={r.ray_num_gpus_per_worker}: expected -1 "
+                  "(auto: vllm_tensor_parallel_size on a GPU machine, else 0) or a count >= 0")
+  if r.ray_max_restarts < -1:
+    errors.append(f"rollout.ray_max_restarts={r.ray_max_restarts} must be >= 0 (restarts per "
+                  "worker actor) or -1 (no limit)")
+  problem = group.check_address(str(r.ray_address))
+  if problem:
+    errors.append(problem)
+  return errors
+
+
+def buffer_errors(b, r) -> list[str]:
+  """buffer.*: N against B and against one request (`r`: the rollout section)."""
+  from jaxreplay.data import buffer  # pylint: disable=g-import-not-at-top
+  errors = []
+  if b.batch_size > b.size:
+    errors.append(f"buffer.batch_size (B={b.batch_size}) > buffer.size (N={b.size}): "
+                  "a batch can never be sampled; lower B or raise N (N >= B)")
+  request = r.prompts_per_request * r.group_size
+  if b.on_policy and request > b.size:
+    errors.append(f"buffer.on_policy: one request ({request} rollouts) does not fit the queue "
+                  f"(buffer.size={b.size}); raise buffer.size to >= {request}")
+  if b.on_policy and b.positive_fraction:
+    errors.append("buffer.on_policy=True cannot use buffer.positive_fraction; set it to 0")
+  if b.on_policy_order not in buffer.CONSUME_ORDERS:
+    errors.append(f"buffer.on_policy_order={b.on_policy_order!r}: expected one of "
+                  f"{buffer.CONSUME_ORDERS}")
+  return errors
+
+
+def trainer_errors(t, c) -> list[str]:
+  """trainer.*: the loss and its options (their dataclass), the schedule, the step's options."""
+  from jaxreplay.learner import algorithms  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import trainer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.models import logprobs  # pylint: disable=g-import-not-at-top
+  errors = []
+  if t.get("logprob_remat", "auto") not in logprobs.REMAT_MODES:
+    errors.append(f"trainer.logprob_remat={t.logprob_remat!r}: expected one of "
+                  f"{logprobs.REMAT_MODES}")
+  if t.get("nonfinite_check", "grads") not in trainer.NONFINITE_CHECKS:
+    errors.append(f"trainer.nonfinite_check={t.nonfinite_check!r}: expected one of "
+                  f"{trainer.NONFINITE_CHECKS}")
+  if t.loss not in algorithms.ALGORITHMS:
+    errors.append(f"trainer.loss={t.loss!r}: expected one of {tuple(algorithms.ALGORITHMS)}")
+  else:
+    try:
+      algorithms.options_from_config(t)
+    except (ValueError, TypeError) as e:
+      errors.append(str(e))
+    if c.rollout.group_size < 2 and t.loss == "grpo":
+      errors.append("rollout.group_size=1 gives GRPO zero advantages; use group_size >= 2 or "
+                    "trainer.loss='asymre'")
+  if t.schedule == "cosine" and c.total_steps <= t.warmup_steps:
+    errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
+                  f"trainer.warmup_steps={t.warmup_steps}; lower warmup_steps or use "
+                  "trainer.schedule='constant'")
+  if t.max_nonfinite_skips < 1:
+    errors.append(f"trainer.max_nonfinite_skips={t.max_nonfinite_skips} must be >= 1 "
+                  "(consecutive non-finite updates skipped before the run stops)")
+  return errors
+
+
+def scheduler_errors(s, c) -> list[str]:
+  """scheduler.*: the schedule's kind and its simulated costs; the sync loop's R."""
+  errors = []
+  if s.kind not in SCHEDULES:
+    errors.append(f"scheduler.kind={s.kind!r}: expected one of {SCHEDULES}")
+  if not 0.0 <= s.prefill_fraction < 1.0:
+    errors.append(f"scheduler.prefill_fraction={s.prefill_fraction} must be in [0, 1)")
+  if s.reference_tokens < 0:
+    errors.append(f"scheduler.reference_tokens={s.reference_tokens} must be >= 0 "
+                  "(0 = calibrate on the first request)")
+  if s.kind == "sync":
+    request = c.rollout.prompts_per_request * c.rollout.group_size
+    r = s.rollouts_per_step
+    if r < request or r % request:
+      errors.append(f"scheduler.rollouts_per_step={r} must be a positive multiple of one request "
+                    f"(rollout.prompts_per_request * rollout.group_size = {request}); e.g. "
+                    f"{max(request, r - r % request)}")
+    if c.buffer.on_policy and r > c.buffer.size:
+      errors.append(f"scheduler.kind='sync' with buffer.on_policy: a step's rollouts_per_step={r} "
+                    f"must fit the queue (buffer.size={c.buffer.size}); on-policy is N = B = R")
+  return errors
+
+
+def eval_errors(e) -> list[str]:
+  """eval.*: where it runs and its compute grid."""
+  from jaxreplay.run import evaluation  # pylint: disable=g-import-not-at-top
+  errors = []
+  if any(x < 0 for x in e.compute_grid):
+    errors.append(f"eval.compute_grid={tuple(e.compute_grid)} must hold compute_seconds >= 0")
+  if e.passk_grid and not set(e.passk_grid) <= set(e.compute_grid):
+    errors.append(f"eval.passk_grid={tuple(e.passk_grid)} must be a subset of "
+                  f"eval.compute_grid={tuple(e.compute_grid)}")
+  if e.backend not in evaluation.EVAL_BACKENDS:
+    errors.append(f"eval.backend={e.backend!r}: expected one of {evaluation.EVAL_BACKENDS} "
+                  "(auto: the rollout engines when rollout.backend='vllm', else the trainer)")
+  if e.batch_size < 0:
+    errors.append(f"eval.batch_size={e.batch_size} must be >= 0 (0 = rollout.sampler_batch_size)")
+  return errors
+
+
+def devices_errors(d) -> list[str]:
+  """devices.*: the GPU split of one node."""
+  errors = []
+  if not 0.0 < d.memory_fraction <= 1.0:
+    errors.append(f"devices.memory_fraction={d.memory_fraction} must be in (0, 1]")
+  if d.memory_gib < 0:
+    errors.append(f"devices.memory_gib={d.memory_gib} must be >= 0 [GiB] (0 = the GPU's own)")
+  for key in ("trainer", "workers"):
+    try:
+      devices_lib.parse_ids(d[key], f"devices.{key}")
+    except ValueError as e:
+      errors.append(str(e))
+  return errors
+
+
+def log_errors(c) -> list[str]:
+  """log.*: the optional W&B settings."""
+  from jaxreplay.infra import metric_writers  # pylint: disable=g-import-not-at-top
+  return list(metric_writers.wandb_config_errors(c))

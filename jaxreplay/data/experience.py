@@ -1,0 +1,266 @@
+"""Experience: prompts out to the rollout workers, scored rollouts with advantages into the buffer.
+
+  PromptSource  the deterministic, resumable stream of training problems;
+  Intake        request intake for both schedules: `next_request` hands out a `PromptBatch`
+                (or None while an on-policy queue is full), `deliver` scores a request's groups
+                and adds their rollouts to the buffer (`score` alone, outside any lock, lets
+                concurrent deliveries score in parallel), `dropped` re-queues the prompts of a
+                lost request; it counts rollouts in flight, numbers groups and keeps fresh rewards;
+  score_groups / to_rollouts / groups_to_rollouts  decode, score, group-relative advantages.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from absl import logging
+import numpy as np
+
+from jaxreplay.learner import algorithms
+from jaxreplay.learner.batch import Rollout
+from jaxreplay.rollout.base import Group, SamplingParams
+from jaxreplay.rollout.pool import PoolStopped, PromptBatch
+
+
+def make_advantage_fn(loss: str, adv_eps: float = 1e-6, tau: float = -0.1,
+                      options: Any = None) -> Callable:
+  """rewards float32 [P, G] -> advantages [P, G] of `algorithms.ALGORITHMS[loss]`.
+
+  options: the algorithm's options (`algorithms.options_from_config(config.trainer)`); None builds
+  them from adv_eps (GRPO's) and tau (AsymRE's), each algorithm taking only its own.
+  """
+  algorithm = algorithms.get(loss)
+  if options is None:
+    own = algorithms.option_names(loss)
+    options = algorithm.options(**{k: v for k, v in dict(adv_eps=adv_eps, tau=tau).items()
+                                   if k in own})
+  return lambda r: np.asarray(algorithm.advantages(r, options), np.float32)
+
+
+def score_groups(groups: Sequence[Group], problems: Sequence[Any], task, codec) -> np.ndarray:
+  """Decodes every completion and scores it against its problem: rewards float32 [P, G].
+
+  groups[i] holds the G completions of problems[i]; all groups must have the same G.
+  """
+  if len(groups) != len(problems):
+    raise ValueError(f"{len(groups)} groups for {len(problems)} problems")
+  sizes = {len(g.completions) for g in groups}
+  if len(sizes) != 1:
+    raise ValueError(f"groups have different sizes {sorted(sizes)}")
+  texts, owners = [], []
+  for g, p in zip(groups, problems):
+    for c in g.completions:
+      texts.append(codec.decode(c.tokens))
+      owners.append(p)
+  return np.asarray(task.score_batch(texts, owners), np.float32).reshape(len(groups), -1)
+
+
+def to_rollouts(groups: Sequence[Group], rewards: np.ndarray, advantages: np.ndarray,
+                group_ids: Sequence[int]) -> list[Rollout]:
+  """One `Rollout` per completion; rewards and advantages float32 [P, G], one group id per group."""
+  if len(groups) != len(group_ids):
+    raise ValueError(f"{len(groups)} groups for {len(group_ids)} group ids")
+  rollouts = []
+  for i, (g, gid) in enumerate(zip(groups, group_ids)):
+    for j, c in enumerate(g.completions):
+      rollouts.append(Rollout(prompt_tokens=g.prompt_tokens, completion_tokens=c.tokens,
+                              logprobs=c.logprobs, reward=float(rewards[i, j]),
+                              advantage=float(advantages[i, j]),
+                              policy_version=int(g.policy_version), group_id=int(gid)))
+  return rollouts
+
+
+def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, codec,
+                       advantage_fn: Callable, group_ids: Sequence[int]):
+  """Scores every completion and returns (rollouts, rewards float32 [P, G])."""
+  if len(groups) != len(group_ids):
+    raise ValueError(f"{len(groups)} groups for {len(problems)} problems / {len(group_ids)} ids")
+  rewards = score_groups(groups, problems, task, codec)
+  return to_rollouts(groups, rewards, advantage_fn(rewards), group_ids), rewards
+
+
+class PromptSource:
+  """The stream of training problems: problem i = task.sample(default_rng([seed, i]), 1)[0].
+
+  `take` hands out the next indices (re-issuing first any that were handed out but never delivered,
+  e.g. in flight when the previous run died); `delivered` marks them done. The state (cursor +
+  pending) is checkpointed with the buffer, so a resumed run neither skips nor repeats prompts.
+  Thread-safe.
+  """
+
+  def __init__(self, task, seed: int):
+    self.task, self.seed = task, int(seed)
+    self._cursor = 0
+    self._pending: dict[int, None] = {}   # handed out, not yet delivered (insertion ordered)
+    self._requeue: list[int] = []
+    self._lock = threading.Lock()
+
+  def problem(self, index: int):
+    return self.task.sample(np.random.default_rng([self.seed, int(index)]), 1)[0]
+
+  def take(self, n: int) -> list[tuple[int, Any]]:
+    with self._lock:
+      idx = self._requeue[:n]
+      del self._requeue[:n]
+      while len(idx) < n:
+        idx.append(self._cursor)
+        self._cursor += 1
+      for i in idx:
+        self._pending[i] = None
+    return [(i, self.problem(i)) for i in idx]
+
+  def delivered(self, indices: Sequence[int]) -> None:
+    with self._lock:
+      for i in indices:
+        self._pending.pop(int(i), None)
+
+  def dropped(self, indices: Sequence[int]) -> None:
+    """Requests that were lost (a worker died): hand these prompts out again."""
+    with self._lock:
+      for i in indices:
+        if self._pending.pop(int(i), "gone") is None:
+          self._requeue.append(int(i))
+
+  def restore_in_flight(self, indices: Sequence[int]) -> None:
+    """A resumed run re-creates requests that were in flight at its checkpoint (their completions
+    were saved): these indices are pending again, not handed out a second time."""
+    with self._lock:
+      for i in indices:
+        i = int(i)
+        if i in self._requeue:
+          self._requeue.remove(i)
+        self._pending[i] = None
+
+  def state_dict(self) -> dict[str, Any]:
+    with self._lock:
+      # Sorted: the same set of pending prompts saves the same way, however it was reached (an
+      # uninterrupted run, or one whose in-flight requests were restored from a checkpoint).
+      return {"cursor": self._cursor, "pending": sorted({*self._requeue, *self._pending})}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    with self._lock:
+      self._cursor = int(state["cursor"])
+      self._pending = {}
+      self._requeue = [int(i) for i in state["pending"]]
+
+
+class Intake:
+  """Request intake and experience building, shared by both schedules (thread-safe).
+
+  Args:
+    task: scores completions (`score_batch`); codec: encodes prompts, decodes completions.
+    prompts: the `PromptSource`; buffer: the `ReplayBuffer` that rollouts are added to.
+    advantage_fn: rewards float32 [P, G] -> advantages [P, G].
+    sampling: the workers' `SamplingParams`.
+    prompts_per_request: P prompts per request; group_size: G completions per prompt.
+    on_policy: the buffer is a queue: a request may start only when its rollouts, those in
+      flight and those held fit the capacity (workers wait, as the paper's baseline does).
+  """
+
+  def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,
+               sampling: SamplingParams, prompts_per_request: int, group_size: int,
+               on_policy: bool = False):
+    self.task, self.codec, self.prompts, self.buffer = task, codec, prompts, buffer
+    self.advantage_fn, self.sampling = advantage_fn, sampling
+    self.prompts_per_request, self.group_size = int(prompts_per_request), int(group_size)
+    self.request_rollouts = self.prompts_per_request * self.group_size
+    self.on_policy = bool(on_policy)
+    self.next_group_id = 0
+    self._in_flight = 0
+    self._fresh_rewards: list[np.ndarray] = []
+    self._lock = threading.Lock()
+    # Held while a delivery lands (buffer, prompts, fresh rewards) and while a checkpoint reads
+    # them, so a snapshot never holds a delivery's rollouts without its prompts or the reverse.
+    self.snapshot_lock = threading.Lock()
+
+  @property
+  def in_flight(self) -> int:
+    """Rollouts handed out to workers and not yet delivered or dropped."""
+    with self._lock:
+      return self._in_flight
+
+  def _may_start(self) -> bool:
+    if not self.on_policy:
+      return True
+    return len(self.buffer) + self._in_flight + self.request_rollouts <= self.buffer.capacity
+
+  def next_request(self) -> Optional[PromptBatch]:
+    """The next request (its `meta` holds the (index, problem) pairs), or None while a full
+    on-policy queue makes the workers wait."""
+    with self._lock:
+      if not self._may_start():
+        return None
+      self._in_flight += self.request_rollouts
+    items = self.prompts.take(self.prompts_per_request)
+    tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
+    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+
+  def score(self, batch: PromptBatch, groups: Sequence[Group]) -> np.ndarray:
+    """Rewards float32 [P, G] of the groups of `batch` (decoded and scored by the task). Holds no
+    lock: several threads may score at once (the task's reward processes are shared), e.g. the
+    async pool's `prepare` stage, before `deliver(..., rewards=...)` lands them."""
+    return score_groups(groups, [p for _, p in batch.meta], self.task, self.codec)
+
+  def deliver(self, batch: PromptBatch, groups: Sequence[Group],
+              rewards: Optional[np.ndarray] = None) -> None:
+    """Adds the rollouts of `batch`'s groups to the buffer (all or nothing), with advantages and
+    group ids; scores them first unless `rewards` (float32 [P, G], from `score`) is given. Group
+    ids are numbered in the order deliveries land in the buffer."""
+    try:
+      if rewards is None:
+        rewards = self.score(batch, groups)
+      rewards = np.asarray(rewards, np.float32).reshape(len(groups), -1)
+      advantages = self.advantage_fn(rewards)
+      with self.snapshot_lock:
+        with self._lock:
+          ids = list(range(self.next_group_id, self.next_group_id + len(groups)))
+          self.next_group_id += len(groups)
+        self.buffer.add(to_rollouts(groups, rewards, advantages, ids))
+        self.prompts.delivered([i for i, _ in batch.meta])
+        with self._lock:
+          self._fresh_rewards.append(rewards.reshape(-1))
+    finally:
+      with self._lock:
+        self._in_flight -= self.request_rollouts
+
+  def restore_request(self, indices: Sequence[int]) -> PromptBatch:
+    """The request of prompt `indices` that was in flight when the run was checkpointed, rebuilt
+    on resume (it counts as in flight again; `deliver` completes it as usual)."""
+    items = [(int(i), self.prompts.problem(int(i))) for i in indices]
+    self.prompts.restore_in_flight([i for i, _ in items])
+    with self._lock:
+      self._in_flight += self.request_rollouts
+    tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
+    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+
+  def dropped(self, batch: PromptBatch, error: BaseException) -> None:
+    """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
+    # At the end of a run (or a stop) the requests in flight are dropped by design: not a warning.
+    log = logging.info if isinstance(error, PoolStopped) else logging.warning
+    log("rollout request dropped (%s); re-queueing its %d prompts", error, len(batch.meta))
+    self.prompts.dropped([i for i, _ in batch.meta])
+    with self._lock:
+      self._in_flight -= self.request_rollouts
+
+  def take_fresh_rewards(self) -> np.ndarray:
+    """float32 [n]: rewards of the rollouts delivered since the last call."""
+    with self._lock:
+      fresh, self._fresh_rewards = self._fresh_rewards, []
+    return np.concatenate(fresh) if fresh else np.zeros(0, np.float32)
+
+  def state_dict(self) -> dict[str, Any]:
+    """{"next_group_id", "prompts", "fresh_rewards"}: merged into the checkpoint's host state
+    (fresh rewards: those not yet reported in a metrics row)."""
+    with self._lock:
+      fresh = (np.concatenate(self._fresh_rewards) if self._fresh_rewards
+               else np.zeros(0, np.float32))
+    return {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict(),
+            "fresh_rewards": fresh}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Reads the keys of `state_dict` from a checkpoint's host state (other keys are ignored)."""
+    self.next_group_id = int(state["next_group_id"])
+    self.prompts.load_state_dict(state["prompts"])
+    fresh = np.asarray(state.get("fresh_rewards", np.zeros(0)), np.float32)
+    with self._lock:
+      self._fresh_rewards = [fresh] if fresh.size else []

@@ -1,0 +1,181 @@
+"""The RL algorithms the trainer knows: name -> (advantage function, loss function, options).
+
+The one table of algorithms. An algorithm is
+  - its pure functions in `losses.py` (arrays and scalars only, formula and paper in the docstring),
+  - its options: a small frozen dataclass whose fields are `config.trainer` keys of the same names,
+    validated in `__post_init__` (the only place an option's name and range are written),
+  - one entry in `ALGORITHMS`.
+`options_from_config(name, config.trainer)` builds the options of a run (validation included);
+`data.experience.make_advantage_fn` computes the advantages at generation time (stored with each
+rollout), `trainer.LossFn` the loss in the train step. The statistics a loss returns are declared in
+`losses.AUX_KINDS`; numpy-reference tests go in `tests/learner/test_losses.py`.
+
+  "grpo"    GRPO (arXiv 2402.03300): group-standardised advantages, clipped-ratio loss; optional
+            truncated importance sampling (see `GrpoOptions` and `trainer.make_loss_fn`).
+  "asymre"  Asymmetric REINFORCE (arXiv 2506.20520): advantages against a shifted group baseline,
+            REINFORCE loss without an importance ratio (so without clipping or truncated IS).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import chex
+import jax
+
+from jaxreplay.learner import losses
+from jaxreplay.learner.batch import Batch
+
+Array = chex.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoOptions:
+  """GRPO's options (`config.trainer` keys of the same names).
+
+  adv_eps: added to the group's reward std in the advantage (`losses.grpo_advantages`).
+  eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] of the ratio (paper: 0.2, 0.2).
+  tis_cap: C > 0 turns on truncated importance sampling at the current params, token weight
+    min(pi_theta / pi_sampler, C) (`trainer.make_loss_fn`); 0 is off.
+  """
+  adv_eps: float = 1e-6
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  tis_cap: float = 0.0
+
+  def __post_init__(self):
+    if not self.adv_eps >= 0:
+      raise ValueError(f"trainer.adv_eps={self.adv_eps} must be >= 0 (added to the group's std)")
+    if not (self.eps_low >= 0 and self.eps_high >= 0):
+      raise ValueError(f"trainer.eps_low={self.eps_low}, trainer.eps_high={self.eps_high}: the clip "
+                       "range [1 - eps_low, 1 + eps_high] needs both >= 0 (the paper: 0.2, 0.2)")
+    if self.tis_cap < 0:
+      raise ValueError(f"trainer.tis_cap={self.tis_cap}: must be >= 0 (0 is off, 2.0 is common)")
+    if self.tis_cap and not (self.eps_low > 0 and self.eps_high > 0):
+      raise ValueError(f"trainer.tis_cap={self.tis_cap} needs eps_low > 0 and eps_high > 0 (got "
+                       f"{self.eps_low}, {self.eps_high}): the clipped ratio is then exactly 1, and on "
+                       "a clip boundary the gradients of min / clip split at the tie")
+
+
+@dataclasses.dataclass(frozen=True)
+class AsymreOptions:
+  """AsymRE's options (`config.trainer` keys of the same names).
+
+  tau: the baseline shift delta V: A_i = r_i - (mean_group(r) + tau); tau < 0 keeps the baseline
+    below the behaviour policy's value (the paper: -0.1).
+  """
+  tau: float = -0.1
+
+  def __post_init__(self):
+    if not -1e6 < self.tau < 1e6:
+      raise ValueError(f"trainer.tau={self.tau} must be a finite shift of the baseline (e.g. -0.1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """How rewards become advantages and how the loss is computed, with the options each takes.
+
+  advantages: `(rewards [P, G], options) -> float32 [P, G]`.
+  loss: `(logprobs [B, T], batch, ref_logprobs [B, T] or None, *, aggregation, normalizer, kl_coef,
+    options) -> (loss float32 scalar, aux dict of float32 scalars)`.
+  options: the algorithm's options dataclass (its defaults are the paper's).
+  """
+  advantages: Callable[..., Array]
+  loss: Callable[..., tuple[Array, dict[str, Array]]]
+  options: type
+
+
+def grpo_advantages(rewards: Array, options: GrpoOptions = GrpoOptions()) -> Array:
+  """`losses.grpo_advantages(rewards, eps=options.adv_eps)`: rewards [P, G] -> float32 [P, G]."""
+  return losses.grpo_advantages(rewards, eps=options.adv_eps)
+
+
+def asymre_advantages(rewards: Array, options: AsymreOptions = AsymreOptions()) -> Array:
+  """`losses.asymre_advantages(rewards, tau=options.tau)`: rewards [P, G] -> float32 [P, G]."""
+  return losses.asymre_advantages(rewards, tau=options.tau)
+
+
+def _segments(batch: Batch) -> Optional[Array]:
+  """The segment ids that delimit rollouts in a packed batch; None when each row is one rollout."""
+  return batch.segment_ids if batch.packed else None
+
+
+def grpo_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
+              aggregation: str = "token_mean", normalizer: Optional[float] = None,
+              kl_coef: float = 0.0, options: GrpoOptions = GrpoOptions()
+              ) -> tuple[Array, dict[str, Array]]:
+  """`losses.grpo_loss` on a Batch; with options.tis_cap = C > 0, truncated IS at the current params.
+
+  tis_cap = 0: the plain clipped loss, ratio pi_theta / pi_sampler (Batch.behaviour_logprobs).
+  tis_cap = C > 0: tis_logprobs = stop_gradient(logprobs), so the token weight is
+  w = stop_gradient(min(pi_theta / pi_sampler, C)), the clipped ratio is the trainer's own
+  (1 in value), and the gradient of the per-token loss wrt log pi_theta is -w * A (see
+  `trainer.make_loss_fn` for the full statement and references).
+  """
+  tis = {}
+  if options.tis_cap:
+    tis = dict(tis_logprobs=jax.lax.stop_gradient(logprobs), tis_cap=options.tis_cap)
+  return losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
+                          batch.completion_mask, options.eps_low, options.eps_high,
+                          aggregation=aggregation, normalizer=normalizer,
+                          ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                          segment_ids=_segments(batch), **tis)
+
+
+def asymre_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
+                aggregation: str = "token_mean", normalizer: Optional[float] = None,
+                kl_coef: float = 0.0, options: AsymreOptions = AsymreOptions()
+                ) -> tuple[Array, dict[str, Array]]:
+  """`losses.asymre_loss` on a Batch; behaviour log-probs only feed the ratio_* statistics (tau
+  acts in the advantages, computed at generation)."""
+  del options
+  return losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
+                            aggregation=aggregation, normalizer=normalizer,
+                            ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                            behaviour_logprobs=batch.behaviour_logprobs,
+                            segment_ids=_segments(batch))
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm(grpo_advantages, grpo_loss, GrpoOptions),
+    "asymre": Algorithm(asymre_advantages, asymre_loss, AsymreOptions),
+}
+
+
+def get(name: str) -> Algorithm:
+  """ALGORITHMS[name], or a ValueError naming the known algorithms."""
+  if name not in ALGORITHMS:
+    raise ValueError(f"loss {name!r} is unknown; expected one of {tuple(ALGORITHMS)}")
+  return ALGORITHMS[name]
+
+
+def option_names(name: str) -> tuple[str, ...]:
+  """The options algorithm `name` takes (its dataclass's fields)."""
+  return tuple(f.name for f in dataclasses.fields(get(name).options))
+
+
+def make_options(name: str, values: Mapping[str, Any]) -> Any:
+  """Algorithm `name`'s options from `values` (any mapping: a dict, `config.trainer`).
+
+  Each field is read from `values` when present (missing ones keep their defaults), and validated by
+  the dataclass. An option of another algorithm set away from its default is an error naming it
+  (e.g. trainer.tis_cap with the AsymRE loss, which has no importance ratio to truncate).
+  """
+  options_cls = get(name).options
+  own = {f.name for f in dataclasses.fields(options_cls)}
+  for other, algorithm in ALGORITHMS.items():
+    if other == name:
+      continue
+    for f in dataclasses.fields(algorithm.options):
+      if f.name in own or f.name not in values:
+        continue
+      if values[f.name] != f.default:
+        raise ValueError(
+            f"trainer.{f.name}={values[f.name]} is an option of loss {other!r}, not of "
+            f"{name!r}; set trainer.{f.name}={f.default!r} (or trainer.loss={other!r})")
+  return options_cls(**{k: values[k] for k in own if k in values})
+
+
+def options_from_config(trainer_config) -> Any:
+  """The options of `trainer_config.loss` read from `config.trainer` (validated)."""
+  return make_options(trainer_config.loss, trainer_config)

@@ -1,0 +1,491 @@
+"""The train state and the jitted, sharded train step: log-probs -> GRPO/AsymRE loss -> AdamW update.
+
+`make_train_step` returns `step(state, batch) -> (state, metrics)`, jitted once per batch shape (one
+compile per length bucket), with the state donated and explicit in/out shardings (params and
+optimizer state per `sharding.PARAM_RULES`, batch rows over ("data", "fsdp"), metrics replicated).
+
+Gradient accumulation (`num_microbatches=k`) splits the B rows into k micro-batches of B/k rows
+(row r goes to micro-batch r % k, so each device keeps its own rows) and `lax.scan`s over them,
+summing weighted gradients in float32. The weights make the result equal to the loss of the whole
+batch (up to float32 summation order), for every aggregation of `jaxreplay.learner.losses.aggregate`:
+  token_mean     loss = sum_k (n_k / N) loss_k   n_k, N: valid tokens in micro-batch k / the batch
+  sequence_mean  loss = sum_k (r_k / R) loss_k   r_k, R: rows with >= 1 valid token
+  constant       loss = sum_k loss_k             each loss_k divides by the whole batch's normaliser
+Aux statistics combine by the kind `losses.AUX_KINDS` declares for each (sum, max, weighted by
+tokens, by rows, or like the loss); a statistic without a declared kind is an error, with any k.
+
+Packed batches (`Batch.packed`, `collate(..., pack=True)`): "rows" above are rollouts, i.e. (row,
+segment) pairs, and the default "constant" normaliser is (rollouts in the batch) * T, which equals
+the unpacked B * T whenever the unpacked batch has no all-padding row (as in every run's step) and
+the packed T is the unpacked one (`collate(..., same_bucket=True)`, what the pipeline asks for
+under "constant").
+
+The KL option keeps frozen reference params in `TrainState.ref_params` (no optimizer state for them);
+reference log-probs are computed inside the step, without gradients.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxreplay.learner import algorithms
+from jaxreplay.learner import losses
+from jaxreplay.infra import sharding
+from jaxreplay.learner.batch import Batch
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import transformer
+from jaxreplay.models.config import ModelConfig
+
+LOSSES = tuple(algorithms.ALGORITHMS)
+NONFINITE_CHECKS = ("grads", "updated")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """step int32 [] (updates applied so far), params, opt_state, rng uint32 [2], ref_params or None."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  ref_params: Any = None
+
+
+# ---- the loss closure -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LossFn:
+  """One algorithm's loss: `loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)`.
+
+  Calls `algorithms.ALGORITHMS[name].loss` with the algorithm's options (its dataclass, e.g.
+  `algorithms.GrpoOptions`; None = the defaults). Build it with `make_loss_fn` (keyword options,
+  documented there, truncated importance sampling included) or `loss_fn_from_config`.
+
+  Holds only scalars and frozen dataclasses (hashable): the trainer never reads a config object.
+  `aggregation` and `normalizer` tell the trainer how to weigh micro-batches, `needs_ref` whether
+  the step needs reference log-probs.
+  """
+  name: str = "grpo"
+  aggregation: str = "token_mean"
+  kl_coef: float = 0.0
+  normalizer: Optional[float] = None
+  options: Any = None
+
+  def __post_init__(self):
+    algorithm = algorithms.get(self.name)
+    if self.options is None:
+      object.__setattr__(self, "options", algorithm.options())
+    elif not isinstance(self.options, algorithm.options):
+      raise TypeError(f"loss {self.name!r} takes {algorithm.options.__name__}, got "
+                      f"{type(self.options).__name__}")
+    if self.aggregation not in losses.AGGREGATIONS:
+      raise ValueError(f"aggregation {self.aggregation!r} is unknown; expected one of "
+                       f"{losses.AGGREGATIONS}")
+    if self.normalizer is not None and self.aggregation != "constant":
+      raise ValueError("normalizer is only used with aggregation='constant', got "
+                       f"{self.aggregation!r}")
+
+  @property
+  def needs_ref(self) -> bool:
+    return self.kl_coef != 0.0
+
+  def __call__(self, logprobs: jax.Array, batch: Batch, ref_logprobs: Optional[jax.Array] = None):
+    return algorithms.ALGORITHMS[self.name].loss(
+        logprobs, batch, ref_logprobs, aggregation=self.aggregation, normalizer=self.normalizer,
+        kl_coef=self.kl_coef, options=self.options)
+
+
+def loss_fn_from_config(trainer_config) -> LossFn:
+  """The loss of `config.trainer`: trainer.loss with its options (`algorithms.options_from_config`),
+  trainer.aggregation and trainer.kl_coef."""
+  return LossFn(name=trainer_config.loss, aggregation=trainer_config.aggregation,
+                kl_coef=float(trainer_config.kl_coef),
+                options=algorithms.options_from_config(trainer_config))
+
+
+def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: float = 0.2,
+                 eps_high: float = 0.2, kl_coef: float = 0.0, normalizer: Optional[float] = None,
+                 tis_cap: float = 0.0) -> LossFn:
+  """The loss for `make_train_step`: an algorithm of `algorithms.ALGORITHMS` with its options.
+
+  Args:
+    name: "grpo" (clipped ratio, `losses.grpo_loss`) or "asymre" (no ratio, `losses.asymre_loss`).
+    aggregation: "token_mean" | "sequence_mean" | "constant" (see `losses.aggregate`).
+    eps_low, eps_high: GRPO's clip range [1 - eps_low, 1 + eps_high]; AsymRE ignores them.
+    kl_coef: weight of the k3 KL penalty to the frozen reference params (the train state needs
+      `init_train_state(..., with_ref_params=True)`).
+    normalizer: the "constant" divisor; None for the whole batch's B * T.
+    tis_cap: C > 0 turns on truncated importance sampling (GRPO only, see below); 0 is off and
+      leaves the loss exactly as without the option.
+
+  Truncated importance sampling (TIS), tis_cap = C > 0. The usual TIS weight uses the trainer's
+  log-probs under the parameters of the version that generated each rollout; a replay trainer cannot
+  recompute those per rollout, so this uses its log-probs at the current params theta:
+  `losses.grpo_loss` gets tis_logprobs = stop_gradient(logprobs) and tis_cap = C, which computes per
+  valid token (lp = log pi_theta, the gradient flowing through it; A the row's advantage)
+    w    = stop_gradient(min(exp(lp - behaviour_lp), C)) = min(pi_theta / pi_sampler, C)
+    rho  = exp(lp - stop_gradient(lp))                   = 1 in value, d rho / d lp = 1
+    loss = -w * min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + kl_coef * k3   (-w A + ...)
+    d loss / d lp = -w A  (+ the KL term's gradient),
+  aggregated as the loss: the update follows sum_t w A grad log pi_theta, REINFORCE with the
+  importance weight pi_theta / pi_sampler truncated at C. pi_sampler (Batch.behaviour_logprobs)
+  carries both the rollout's staleness and the sampler's numerics, so w re-weights each token towards
+  pi_theta for both (per token: the usual approximation of the sequence's ratio), and truncation
+  bounds its variance at the price of bias on tokens with w > C. The clip acts on the trainer's own
+  ratio, which is 1, so it never binds: clip_fraction is 0 and ratio_mean = ratio_max = 1, while the
+  aux gains tis_weight_mean and tis_truncated_fraction (the fraction of tokens with w at C). This is
+  the TIS correction of verl, slime and OpenRLHF (Yao et al. 2025, "Your Efficient RL Framework
+  Secretly Brings You Off-Policy RL Training"; cap C = 2), there with the trainer's log-probs at the
+  behaviour version, and the truncated importance-weighted policy gradient of IMPALA (Espeholt et
+  al. 2018, arXiv 1802.01561, V-trace's rho-bar) and ACER (Wang et al. 2017, arXiv 1611.01224,
+  without its bias correction). AsymRE has no importance ratio: tis_cap > 0 with it is an error.
+
+  Raises:
+    ValueError: an unknown name or aggregation, a normalizer without "constant", tis_cap < 0,
+      tis_cap > 0 with AsymRE, or tis_cap > 0 with eps_low or eps_high 0.
+  """
+  options = algorithms.make_options(name, dict(eps_low=float(eps_low), eps_high=float(eps_high),
+                                               tis_cap=float(tis_cap)))
+  return LossFn(name=name, aggregation=aggregation, kl_coef=float(kl_coef),
+                normalizer=None if normalizer is None else float(normalizer), options=options)
+
+
+# ---- train state ------------------------------------------------------------------------------
+
+def _raw_key(rng: jax.Array) -> jax.Array:
+  """A uint32 [2] key (typed keys are converted) so that checkpoints hold plain arrays."""
+  if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.key_data(rng)
+  return jnp.asarray(rng, jnp.uint32)
+
+
+def state_shardings(state: Any, mesh: Mesh,
+                    rules: Sequence[tuple[str, P]] = sharding.PARAM_RULES) -> Any:
+  """NamedShardings of a TrainState (of arrays or ShapeDtypeStructs): rules by path, rest replicated."""
+  return sharding.tree_shardings(state, mesh, rules)
+
+
+def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, rng: jax.Array,
+                     params: Any = None, mesh: Optional[Mesh] = None,
+                     rules: Sequence[tuple[str, P]] = sharding.PARAM_RULES,
+                     with_ref_params: bool = False, donate_params: bool = False) -> TrainState:
+  """A TrainState at step 0, created directly in its sharded layout (no full copy on one device).
+
+  params: None to initialise randomly from `rng` (`transformer.init_params`), or a pytree (e.g. from
+    `models.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
+    with donate_params=True, consumed: device arrays already in the target layout become the
+    state's params without a second copy on device (the caller must not use them afterwards).
+  with_ref_params: also keep a frozen copy of the initial params as the KL reference.
+  mesh: default all devices as (1, -1, 1). A leaf whose dimension the mesh axes of its rule do not
+    divide is stored zero-padded to `sharding.storage_shape` (never replicated); the model
+    functions slice it back (`models.layout.unpad`).
+  The shardings of the result are `jax.tree.map(lambda x: x.sharding, state)`, which equals
+  `state_shardings(state, mesh, rules)`.
+  """
+  mesh = sharding.make_mesh() if mesh is None else mesh
+  init_rng, state_rng = jax.random.split(_raw_key(rng))
+
+  def build(p, init_rng, state_rng):
+    if p is None:
+      p = transformer.init_params(model_cfg, init_rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p),
+                      rng=state_rng, ref_params=jax.tree.map(jnp.copy, p) if with_ref_params else None)
+
+  logical = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.PRNGKey(0)))
+  storage = sharding.storage_shapes(logical, mesh, rules)  # padded where the mesh does not divide
+  if params is not None:
+    want = jax.tree.map(lambda s: tuple(s.shape), logical)
+    got = jax.tree.map(lambda x: tuple(jnp.shape(x)), params)
+    is_shape = lambda x: isinstance(x, tuple)
+    if jax.tree.structure(got, is_leaf=is_shape) != jax.tree.structure(want, is_leaf=is_shape):
+      raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
+    ok = jax.tree.map(lambda g, w, s: g in (w, tuple(s.shape)), got, want, storage, is_leaf=is_shape)
+    if not all(jax.tree.leaves(ok)):
+      raise ValueError(f"params do not match model_cfg: expected shapes {want}, got {got}")
+
+  def build_padded(p, init_rng, state_rng):
+    if p is None:
+      p = transformer.init_params(model_cfg, init_rng)
+    return build(jax.tree.map(lambda x, s: sharding.pad_to(x, s.shape), p, storage),
+                 init_rng, state_rng)
+
+  abstract = jax.eval_shape(build_padded, params, init_rng, state_rng)
+  shardings = state_shardings(abstract, mesh, rules)
+  if params is None:
+    return jax.jit(build_padded, out_shardings=shardings)(None, init_rng, state_rng)
+  # A private sharded copy (unless donate_params), donated to the jit so that the state's params
+  # reuse its buffers instead of holding one more copy on device. Params already in their padded
+  # storage shapes (e.g. `models.load_hf(..., shardings=...)`) are placed as they are.
+  padded_in = jax.tree.map(lambda x, s: tuple(jnp.shape(x)) == tuple(s.shape), params, storage)
+  if all(jax.tree.leaves(padded_in)):
+    in_sh, donate = shardings.params, (0,)
+  else:  # padded in the jit: the logical-shape copy cannot be reused for the output
+    in_sh, donate = sharding.tree_shardings(params, mesh, rules, indivisible="replicate"), ()
+  if not donate_params:
+    # jax.device_put(..., may_alias=False) onto a replicated multi-device sharding still aliases
+    # the source device's buffer (jax 0.10), which the donation below would delete: copy first.
+    params = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, params)
+  params = jax.device_put(params, in_sh)
+  return jax.jit(build_padded, out_shardings=shardings, donate_argnums=donate)(params, init_rng,
+                                                                               state_rng)
+
+
+# ---- the train step ---------------------------------------------------------------------------
+
+def _split_microbatches(batch: Batch, k: int, mesh: Mesh) -> Batch:
+  """[B, ...] -> [k, B/k, ...]; micro-batch i holds rows i, i + k, ...; rows stay on their device."""
+  def split(x):
+    x = x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1)
+    return sharding.constrain(x, mesh, P(None, sharding.batch_axes(mesh)))
+  return jax.tree.map(split, batch)
+
+
+def _counts(batch: Batch) -> tuple[jax.Array, jax.Array]:
+  """(valid tokens, sequences with >= 1 valid token) of a batch's completion mask, float32; a
+  sequence is a row, or in a packed batch a (row, segment) pair."""
+  m = (batch.completion_mask > 0).astype(jnp.float32)
+  if batch.packed:
+    return jnp.sum(m), losses.num_sequences(m, batch.segment_ids)
+  return jnp.sum(m), jnp.sum((jnp.sum(m, axis=1) > 0).astype(jnp.float32))
+
+
+def _global_norm(tree: Any) -> jax.Array:
+  """sqrt of the sum of squares of all leaves, accumulated in float32 (params may be bfloat16)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def _aux_kind(key: str) -> str:
+  """losses.AUX_KINDS[key], or an error that names the key and where to declare it."""
+  kind = losses.AUX_KINDS.get(key)
+  if kind not in losses.AUX_KIND_NAMES:
+    raise ValueError(
+        f"loss statistic {key!r} has no valid kind in jaxreplay.learner.losses.AUX_KINDS (got {kind!r}): "
+        f"declare there how it combines over micro-batches, one of {losses.AUX_KIND_NAMES}")
+  return kind
+
+
+def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Array) -> dict:
+  """Per-micro-batch aux [k] -> batch aux, each statistic by its kind in `losses.AUX_KINDS`.
+
+  tok_w, row_w, loss_w: float32 [k], the micro-batches' shares of valid tokens, of rows with valid
+  tokens, and of the loss.
+  """
+  combine = {
+      "sum": jnp.sum,
+      "max": jnp.max,
+      "token_mean": lambda v: jnp.sum(tok_w * v),
+      "row_mean": lambda v: jnp.sum(row_w * v),
+      "loss": lambda v: jnp.sum(loss_w * v),
+  }
+  return {key: combine[_aux_kind(key)](v) for key, v in aux.items()}
+
+
+def step_options(trainer_config: Any) -> dict:
+  """`make_train_step`'s keyword options from the config's `trainer` section (config_defaults):
+  compute_entropy (`trainer.log_entropy`), logprob_remat (`trainer.logprob_remat`) and
+  nonfinite_check (`trainer.nonfinite_check`)."""
+  return {"compute_entropy": bool(trainer_config.get("log_entropy", True)),
+          "logprob_remat": str(trainer_config.get("logprob_remat", "auto")),
+          "nonfinite_check": str(trainer_config.get("nonfinite_check", "grads"))}
+
+
+def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
+                    loss_fn: LossFn, mesh: Mesh, state_shardings: Any, num_microbatches: int = 1,
+                    chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
+                    compute_entropy: bool = True, donate: bool = True,
+                    skip_nonfinite: bool = True, logprob_remat: str = "auto",
+                    nonfinite_check: str = "grads"):
+  """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
+
+  loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
+    weights, its needs_ref whether the step computes reference log-probs.
+  num_microbatches: k; B must be a multiple of k * data * fsdp.
+  chunk_size: sequence chunk of the LM head in `token_logprobs`.
+  learning_rate_fn: the optimizer's schedule (`optim.make_schedule(...)`), for the learning_rate metric.
+  compute_entropy: report the mean next-token entropy over completion tokens (costs one extra pass
+    over each logits chunk).
+  logprob_remat: `token_logprobs`'s remat of the LM-head chunks ("auto" | "always" | "never").
+  skip_nonfinite: when the loss or the gradient norm is NaN/inf (and with nonfinite_check="updated"
+    also the updated parameters' norm), keep the old params and optimizer state (the step counter
+    and rng still advance) and report `nonfinite_skipped` = 1; the caller decides when too many
+    skips stop the run (`safety.NonFiniteGuard`).
+  nonfinite_check: "grads" (default): the skip is decided from the loss and the gradient norm
+    before the update (`lax.cond`: a skipped update is not computed). Finite gradients give a finite
+    AdamW update of finite params (clipped or not: Adam's step is bounded, and squares that
+    overflow make the gradient norm inf), and non-finite params make the loss non-finite, so no
+    NaN is written into the state. "updated": also checks the updated parameters' norm, selecting
+    old or new params and optimizer state after the update (one more pass over both; the
+    behaviour before issue 13).
+  metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
+    entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
+    of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
+    (`ReplayBuffer.sample(..., current_version=)`), once.
+  """
+  if not isinstance(loss_fn, LossFn):
+    raise TypeError(f"loss_fn must be a trainer.LossFn, built by trainer.make_loss_fn(name, ...); "
+                    f"got {type(loss_fn).__name__}")
+  if nonfinite_check not in NONFINITE_CHECKS:
+    raise ValueError(f"nonfinite_check={nonfinite_check!r}: expected one of {NONFINITE_CHECKS}")
+  k = int(num_microbatches)
+  if k < 1:
+    raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+  aggregation = loss_fn.aggregation
+  needs_ref = loss_fn.needs_ref
+  multiple = sharding.batch_size_multiple(mesh)
+
+  def forward(params, ref_params, mb: Batch, lfn):
+    """Loss of one (micro-)batch and its statistics."""
+    out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
+                                      mb.segment_ids, chunk_size=chunk_size,
+                                      return_entropy=compute_entropy, remat=logprob_remat)
+    lp, ent = out if compute_entropy else (out, None)
+    ref_lp = None
+    if ref_params is not None:
+      ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
+          model_cfg, jax.lax.stop_gradient(ref_params), mb.tokens, mb.targets, mb.positions,
+          mb.segment_ids, chunk_size=chunk_size))
+    loss, aux = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
+    m = (mb.completion_mask > 0).astype(jnp.float32)
+    ent_sum = jnp.sum(jax.lax.stop_gradient(ent) * m) if ent is not None else jnp.zeros(())
+    return loss, (aux, ent_sum)
+
+  def weighted_grad(params, ref_params, mb: Batch, weight, lfn):
+    def f(p):
+      loss, extra = forward(p, ref_params, mb, lfn)
+      return weight * loss, (loss, extra)
+    (_, (loss, (aux, ent_sum))), grads = jax.value_and_grad(f, has_aux=True)(params)
+    return loss, aux, ent_sum, grads
+
+  def step(state: TrainState, batch: Batch):
+    b, t = batch.tokens.shape
+    if b % (k * multiple):
+      raise ValueError(f"batch of {b} rows: must be a multiple of num_microbatches * data * fsdp = "
+                       f"{k} * {multiple} = {k * multiple}")
+    if needs_ref and state.ref_params is None:
+      raise ValueError("loss_fn has kl_coef != 0 but the state has no ref_params; create it with "
+                       "init_train_state(..., with_ref_params=True)")
+    lfn = loss_fn
+    n_tok, n_rows = _counts(batch)
+    if aggregation == "constant" and loss_fn.normalizer is None:
+      # The whole batch's B * T; packed: (rollouts) * T, what the same rollouts unpacked give.
+      lfn = dataclasses.replace(
+          loss_fn, normalizer=jnp.maximum(n_rows, 1.0) * t if batch.packed else float(b * t))
+
+    if k == 1:
+      loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn)
+      for key in aux:
+        _aux_kind(key)  # an undeclared statistic fails with k = 1 too, not once k > 1 is set
+    else:
+      mbs = _split_microbatches(batch, k, mesh)
+      param_sh = state_shardings.params
+      zeros = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(
+          jnp.zeros(p.shape, jnp.float32), s), state.params, param_sh)
+
+      def body(acc, mb):
+        tok, rows = _counts(mb)
+        tok_w = tok / jnp.maximum(n_tok, 1.0)
+        row_w = rows / jnp.maximum(n_rows, 1.0)
+        loss_w = {"token_mean": tok_w, "sequence_mean": row_w, "constant": 1.0}[aggregation]
+        loss_w = jnp.asarray(loss_w, jnp.float32)
+        loss, aux, ent_sum, g = weighted_grad(state.params, state.ref_params, mb, loss_w, lfn)
+        acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
+        return acc, (loss, aux, ent_sum, tok_w, row_w, loss_w)
+
+      grads, (loss_k, aux_k, ent_k, tok_w, row_w, loss_w) = jax.lax.scan(body, zeros, mbs)
+      loss = jnp.sum(loss_w * loss_k)
+      aux = _combine_aux(aux_k, tok_w, row_w, loss_w)
+      ent_sum = jnp.sum(ent_k)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+
+    grad_norm = _global_norm(grads)
+
+    def update(params_opt):
+      params, opt_state = params_opt
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+    if skip_nonfinite and nonfinite_check == "grads":
+      # Decided before the update, which then runs only when it is kept: no select over the
+      # params and optimizer state (a pass over both, ~8% of a 40M-parameter CPU step).
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+      params, opt_state = jax.lax.cond(finite, update, lambda x: x,
+                                       (state.params, state.opt_state))
+      param_norm = _global_norm(params)
+    else:
+      params, opt_state = update((state.params, state.opt_state))
+      param_norm = _global_norm(params)
+      if skip_nonfinite:  # "updated": also the updated parameters' norm
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
+    rng, _ = jax.random.split(state.rng)
+
+    metrics = {
+        "loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
+        "tokens": n_tok, "seq_tokens": jnp.sum((batch.segment_ids > 0).astype(jnp.float32)),
+    }
+    if compute_entropy:
+      metrics["entropy"] = ent_sum / jnp.maximum(n_tok, 1.0)
+    if learning_rate_fn is not None:
+      metrics["learning_rate"] = learning_rate_fn(state.step)
+    metrics.update(aux)
+    if skip_nonfinite:
+      metrics["nonfinite_skipped"] = 1.0 - finite.astype(jnp.float32)
+    metrics = {key: jnp.asarray(v, jnp.float32) for key, v in metrics.items()}
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
+                           ref_params=state.ref_params)
+    return new_state, metrics
+
+  batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))  # a prefix: rows of every field
+  jitted = jax.jit(step, in_shardings=(state_shardings, batch_sh),
+                   out_shardings=(state_shardings, sharding.replicated(mesh)),
+                   donate_argnums=(0,) if donate else ())
+  return _with_global_batch(jitted, mesh)
+
+
+def all_finite(tree: Any) -> bool:
+  """Whether every floating-point leaf of `tree` (arrays, possibly sharded) is finite (one host
+  round trip; checked before a checkpoint or an HF export is written)."""
+  leaves = [x for x in jax.tree.leaves(tree)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return True
+  return bool(jax.device_get(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))))
+
+
+def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:
+  """Multi-process runs: host batches become global arrays before the jitted call."""
+  if jax.process_count() == 1:
+    return jitted
+
+  def call(params_or_state, batch):
+    return jitted(params_or_state, sharding.global_batch(batch, mesh))
+  call.lower = jitted.lower
+  return call
+
+
+def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, chunk_size: int = 512,
+                    return_entropy: bool = False):
+  """Jitted forward-only `fn(params, batch) -> logprobs float32 [B, T]` (, entropy [B, T]).
+
+  Values are 0 where `batch.completion_mask` is 0, aligned with `Batch.behaviour_logprobs`, so the
+  result compares directly with the sampler's log-probs (trainer/sampler mismatch) or serves as the
+  reference policy's log-probs. Outputs are batch-sharded; params are not donated.
+  """
+  def fn(params, batch: Batch):
+    out = logprobs_lib.token_logprobs(model_cfg, params, batch.tokens, batch.targets,
+                                      batch.positions, batch.segment_ids, chunk_size=chunk_size,
+                                      return_entropy=return_entropy)
+    valid = batch.completion_mask > 0
+    if return_entropy:
+      return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)
+    return jnp.where(valid, out, 0.0)
+
+  batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))
+  return _with_global_batch(
+      jax.jit(fn, in_shardings=(param_shardings, batch_sh), out_shardings=batch_sh), mesh)

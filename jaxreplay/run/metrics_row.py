@@ -1,0 +1,248 @@
+"""The run's metrics: one row per gradient step (metrics.jsonl, TensorBoard); the log-prob probe.
+
+Keys of a row, by source (units in brackets):
+  step, policy_version           updates applied; published_version: newest weights the workers have
+  loss, grad_norm, param_norm, learning_rate, entropy, tokens, seq_tokens, and the loss's aux
+                                 statistics (`jaxreplay.learner.losses.AUX_KINDS`): the train step
+  batch/reward_mean              mean reward of the rollouts of this step's batch
+  reward_mean, fresh_rollouts    mean reward and count of rollouts delivered since the last row
+                                 (reward_mean is NaN on rows without fresh rollouts)
+  buffer/*                       `ReplayBuffer.metrics`: size, replay ratio, use counts, and the
+                                 staleness of this step's batch (buffer/staleness_mean, _max, _min:
+                                 computed once, when the batch is sampled)
+  compute_seconds                THE x-axis of accuracy vs compute [device-seconds]: under
+                                 scheduler.kind="simulated" the modelled hardware's virtual
+                                 device-seconds (= sim/compute_seconds); under "async" the measured
+                                 ones (= compute/measured_seconds)
+  compute/mu, compute/gamma      THE run's mu and gamma: under "simulated" and "sync" the modelled
+                                 ones (= sim/mu, sim/gamma), under "async" the measured ones
+  compute/*                      otherwise measured on this machine by `ComputeAccountant`
+                                 [device-seconds, tokens, FLOPs], incl. compute/measured_mu (per
+                                 token, from measured seconds) and compute/measured_gamma
+  sim/*                          the virtual clock and costs of "simulated" / "sync": sim/mu is
+                                 config.scheduler.mu; sim/gamma the compute per update relative to
+                                 on-policy, (1 + W/T) / (1 + mu) ("simulated", the paper's Table 1;
+                                 1 for the on-policy queue, charged (1 + mu) C per update as in the
+                                 paper) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
+                                 completion length the generation cost is calibrated at
+  time/*                         wall seconds of this step's phases (sample, collate, step,
+                                 publish), time/virtual (the schedule's clock when the step
+                                 started), time/wall_s (since the run started, over resumes)
+  time/publish_s                 the trainer's stall for the weight refresh of this step [s] (0 when
+                                 none was due): vllm + rollout.weight_transport="shm", the device ->
+                                 host copy of the params only (the segment is written in the
+                                 background, `rollout.shm_publisher`); "file", the whole HF
+                                 directory write; jax, the device copy
+  mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
+  reward/*                       the reward runner's counters (calls, errors, timeouts,
+                                 memory_errors, restarts), cumulative over resumes
+  data/skipped_rows,             dataset rows dropped when the task was built (prompt over the
+  data/skipped_eval_rows         context or untokenizable; `tasks.prompt_check`): training and
+                                 held-out rows, read once from the task (0 for procedural tasks)
+  pool/*                         the async schedule's worker-pool counters (counts and seconds
+                                 cumulative over resumes: requests, calls (a call generates up to
+                                 rollout.prompts_in_flight prompts), refresh_seconds (workers'
+                                 load_weights), deferred_refreshes (calls served at the held
+                                 version while the newest weights were still being written),
+                                 superseded_loads (refreshes retried at a newer version: the
+                                 shared-memory slot of the one asked for had been reused),
+                                 generate_seconds; tokens_per_second and
+                                 live_threads of this process)
+  nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
+                                 gradient or parameters), else 0
+  eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from absl import logging
+import numpy as np
+
+from jaxreplay.run import accounting
+from jaxreplay.data import collate as collate_lib
+from jaxreplay.infra import sharding
+from jaxreplay.data.experience import to_rollouts
+from jaxreplay.rollout.base import Group
+
+
+class MismatchProbe:
+  """Trainer vs sampler log-probs of the same tokens at the same policy version.
+
+  Even at equal weights an inference engine and the trainer compute slightly different
+  probabilities; peers accept a mean exp(|diff|) <= 1.05. `latest` holds the newest comparison as
+  mismatch/logprob_abs_diff, mismatch/exp_abs_diff, mismatch/logprob_abs_diff_max, mismatch/tokens.
+
+  Args:
+    logprob_fn: (params, batch) -> trainer log-probs float32 [B, T] (`trainer.make_logprob_fn`).
+    pad_id: the collate padding id; buckets: the collate length buckets.
+    every: compare on steps that are multiples of this.
+    warn_above: a comparison whose mean exp(|diff|) exceeds this logs a WARNING: the sampler does
+      not run the trainer's weights (e.g. a weight refresh that loaded nothing, or a layout bug),
+      which a refresh's own log would not show.
+  """
+
+  def __init__(self, logprob_fn: Callable, pad_id: int, buckets: Sequence[int], every: int,
+               warn_above: float = 1.5):
+    self.logprob_fn, self.pad_id, self.buckets = logprob_fn, pad_id, tuple(buckets)
+    self.every = max(int(every), 1)
+    self.warn_above = float(warn_above)
+    self.latest: dict[str, float] = {}
+    self.warnings = 0
+
+  def due(self, step: int) -> bool:
+    return step % self.every == 0
+
+  def check_groups(self, params, groups: Sequence[Group]) -> None:
+    """Compares on freshly generated groups (unscored: rewards and advantages are not needed)."""
+    zeros = np.zeros((len(groups), len(groups[0].completions)), np.float32)
+    rollouts = to_rollouts(groups, zeros, zeros, [0] * len(groups))
+    batch = collate_lib.collate(rollouts, buckets=self.buckets, pad_id=self.pad_id)
+    self.check_batch(params, batch, np.ones(batch.tokens.shape[0], bool))
+
+  def check_batch(self, params, batch, rows: np.ndarray) -> None:
+    """Compares on the rows of `batch` selected by `rows` (bool [B]; or [B, T], the tokens, for a
+    packed batch)."""
+    trainer_lp = np.asarray(sharding.host_local(self.logprob_fn(params, batch)))
+    mask = (batch.completion_mask > 0) & (rows if rows.ndim == 2 else rows[:, None])
+    if not mask.any():
+      return
+    diff = np.abs(trainer_lp - batch.behaviour_logprobs)[mask]
+    self.latest = {"mismatch/logprob_abs_diff": float(diff.mean()),
+                   "mismatch/exp_abs_diff": float(np.exp(diff).mean()),
+                   "mismatch/logprob_abs_diff_max": float(diff.max()),
+                   "mismatch/tokens": float(mask.sum())}
+    if self.latest["mismatch/exp_abs_diff"] > self.warn_above:
+      self.warnings += 1
+      logging.warning(
+          "the sampler's log-probs differ from the trainer's at the same policy version: mean "
+          "exp(|diff|) %.3f > %.2f over %d tokens (max |diff| %.3g). The workers are likely not "
+          "running the published weights (a failed weight refresh, or a parameter layout bug)",
+          self.latest["mismatch/exp_abs_diff"], self.warn_above, int(mask.sum()),
+          self.latest["mismatch/logprob_abs_diff_max"])
+
+
+def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
+  """(B + mu R) / ((1 + mu) B): a sync step's compute over that of the on-policy N = B = R one."""
+  return (batch_size + mu * rollouts_per_step) / ((1.0 + mu) * batch_size)
+
+
+def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
+  """The modelled hardware's compute under the simulated / sync schedules (device-seconds)."""
+  s = sim_state
+  return {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
+          "sim/training_device_seconds": s.training_device_seconds,
+          "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
+          "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+
+
+class RunMetrics:
+  """Builds each step's row from the run's parts (see the module docstring for the keys).
+
+  Args:
+    config: the run config (schedule kind, W, T, mu).
+    buffer, accountant, task, intake: the run's parts whose metrics enter the row.
+    sim_state: the simulated schedule's clock (read only under scheduler.kind="simulated").
+    mismatch: the log-prob probe whose latest comparison enters each row.
+  `pool_metrics` (() -> the worker pool's metrics) is set by the async schedule; `timing` holds the
+  wall seconds of the current step's phases.
+  """
+
+  def __init__(self, config, buffer, accountant, task, intake, sim_state, mismatch: MismatchProbe):
+    self.config, self.buffer, self.accountant = config, buffer, accountant
+    self.task, self.intake, self.sim_state, self.mismatch = task, intake, sim_state, mismatch
+    self.pool_metrics: Callable[[], dict[str, float]] = dict
+    self.timing = {"sample_s": 0.0, "collate_s": 0.0, "step_s": 0.0, "publish_s": 0.0}
+    self._t_start = time.monotonic()
+    self._wall_offset = 0.0  # wall seconds of the runs before a resume
+    self._offsets: dict[str, float] = {}  # reward/* and pool/* counts before a resume
+    self._data = {"data/skipped_rows": float(getattr(task, "skipped_rows", 0)),
+                  "data/skipped_eval_rows": float(getattr(task, "skipped_eval_rows", 0))}
+
+  # Cumulative counters that continue across a resume (rates and gauges do not).
+  CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
+                     "pool/restarts", "pool/failed_starts", "pool/dropped", "pool/refreshes",
+                     "pool/refresh_seconds", "pool/deferred_refreshes", "pool/superseded_loads",
+                     "pool/generate_seconds")
+
+  def _cumulative(self) -> dict[str, float]:
+    now = {k: float(v) for k, v in self.task.reward_metrics().items()}
+    pool = self.pool_metrics()
+    now.update({k: float(pool[k]) for k in self.CUMULATIVE_POOL if k in pool})
+    for k, v in self._offsets.items():
+      now[k] = now.get(k, 0.0) + v
+    return now
+
+  def wall_seconds(self) -> float:
+    """Wall seconds of the run, over all its resumes."""
+    return self._wall_offset + time.monotonic() - self._t_start
+
+  def counters(self) -> dict[str, Any]:
+    """What must continue across a resume (saved with checkpoints): wall seconds, the reward/*
+    and pool/* counts, the latest log-prob comparison."""
+    return {"wall_s": self.wall_seconds(), "cumulative": self._cumulative(),
+            "mismatch": dict(self.mismatch.latest)}
+
+  def restore_counters(self, counters: Mapping[str, Any]) -> None:
+    """A resumed run continues the counters of `counters()` (its own start from zero)."""
+    self._wall_offset = float(counters["wall_s"])
+    self._t_start = time.monotonic()
+    self._offsets = {k: float(v) for k, v in counters["cumulative"].items()}
+    self.mismatch.latest = {k: float(v) for k, v in counters["mismatch"].items()}
+
+  def sim(self) -> dict[str, float]:
+    """sim/* metrics under the simulated and sync schedules; {} under async."""
+    c = self.config
+    mu = c.scheduler.mu
+    if c.scheduler.kind == "simulated" and c.buffer.on_policy:
+      gamma = 1.0  # the baseline: each update pays its B rollouts' generation, (1 + mu) C
+    elif c.scheduler.kind == "simulated":
+      gamma = accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
+    elif c.scheduler.kind == "sync":
+      gamma = sync_gamma(c.buffer.batch_size, c.scheduler.rollouts_per_step, mu)
+    else:
+      return {}
+    return sim_compute_metrics(self.sim_state, mu, gamma)
+
+  def compute_seconds(self) -> float:
+    """The run's compute axis now: virtual device-seconds (simulated, sync) or measured ones."""
+    if self.config.scheduler.kind in ("simulated", "sync"):
+      s = self.sim_state
+      return s.generation_device_seconds + s.training_device_seconds
+    return self.accountant.metrics()["compute_seconds"]
+
+  def first_row(self, eval_metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The row of step 0: the initial policy's evaluation at zero compute."""
+    row = {"policy_version": 0, **eval_metrics}
+    row.update(self.sim())
+    row.update(self._data)
+    row["compute_seconds"] = 0.0
+    return row
+
+  def row(self, step: int, published_version: int,
+          step_metrics: Mapping[str, float]) -> dict[str, Any]:
+    """The row of `step` (evaluation metrics are added by the caller when due)."""
+    fresh = self.intake.take_fresh_rewards()
+    row = {"policy_version": step, "published_version": published_version}
+    row.update(step_metrics)
+    row["reward_mean"] = float(fresh.mean()) if fresh.size else float("nan")
+    row["fresh_rollouts"] = float(fresh.size)
+    row.update(self.buffer.metrics(current_version=step))
+    row.update(self.accountant.metrics())
+    row["compute/measured_seconds"] = row["compute_seconds"]
+    sim = self.sim()
+    row.update(sim)
+    if sim:
+      row["compute_seconds"] = sim["sim/compute_seconds"]
+      row["compute/mu"], row["compute/gamma"] = sim["sim/mu"], sim["sim/gamma"]
+    else:
+      row["compute/mu"] = row["compute/measured_mu"]
+      row["compute/gamma"] = row["compute/measured_gamma"]
+    row.update({f"time/{k}": v for k, v in self.timing.items()})
+    row["time/wall_s"] = self.wall_seconds()
+    row.update(self.mismatch.latest)
+    row.update(self.pool_metrics())
+    row.update(self._cumulative())
+    row.update(self._data)
+    return row

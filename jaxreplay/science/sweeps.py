@@ -1,0 +1,340 @@
+"""The named experiment sweeps of `python -m jaxreplay.experiments` (issue 11, PAPER.md's figures).
+
+A `Sweep` is a base config file, a compute budget and a set of `Arm`s; an arm is a name plus config
+overrides on top of the base (and of `COMMON`, the evaluation protocol shared by every run). Every
+arm of a sweep runs to the SAME compute budget (`config.compute_budget`, device-seconds of the run's
+`compute_seconds` axis); `total_steps` is only a cap. An override value may be a function of the
+base config (`Derived`), so a sweep follows the base when the base changes (`configs/scratchpad.py`,
+the task with headroom later): e.g. the N sweep sets N = x * R from the base's request size R.
+
+Units (PAPER.md): N, B and R count rollouts; compute in device-seconds of the simulated hardware;
+one "on-policy update" of the base costs (1 + mu) * train_seconds_per_step device-seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from typing import Any, Callable, Optional, Sequence, Union
+
+import ml_collections
+
+DEFAULT_CONFIG = "configs/scratchpad.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+  """An override computed from the base config (after `COMMON`): `fn(config) -> value`."""
+  fn: Callable[[ml_collections.ConfigDict], Any]
+  doc: str = ""
+
+
+Value = Union[bool, int, float, str, tuple, Derived]
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One experimental condition of a sweep.
+
+  Attributes:
+    name: directory-safe name (runs go to DIR/runs/SWEEP/NAME/seed{k}).
+    overrides: (dotted config key, value) pairs applied after `COMMON`, in order.
+    baseline: the arm this one is paired with (same seed); None: the sweep's baseline.
+    family: groups arms in figures (the Pareto frontier of the LR sweep: "onpolicy" / "replay").
+    tags: (name, number) pairs that place the arm on an axis (N/R, W, T, mu, lr factor, ...).
+  """
+  name: str
+  overrides: tuple[tuple[str, Value], ...] = ()
+  baseline: Optional[str] = None
+  family: str = ""
+  tags: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A named set of arms run with K seeds each to one compute budget.
+
+  Attributes:
+    name: the sweep's name (`--sweep=NAME`).
+    description: the paper figure it reproduces and what it should show.
+    arms: the conditions; `baseline` names the one the others are paired with.
+    min_seeds: seeds per arm when --seeds is not given (the paper's minimum).
+    config: the base config file (relative to the repository root); `--config` replaces it.
+    budget_updates: the compute budget in on-policy updates of the base config, used when the base
+      config has no `compute_budget` of its own (`--budget` replaces both) [updates].
+    grid_points: evaluation points on the compute axis besides 0 (geometric, dense early).
+    figure: the sweep-specific figure: "" | "final_peak" | "pareto" | "grid".
+    figure_x: the x axis of the "final_peak" figure: a per-run statistic of results.json
+      ("buffer/replay_ratio", measured) or a tag name ("N/B").
+  """
+  name: str
+  description: str
+  arms: tuple[Arm, ...]
+  baseline: str
+  min_seeds: int = 3
+  config: str = DEFAULT_CONFIG
+  budget_updates: float = 400.0
+  grid_points: int = 7
+  figure: str = ""
+  figure_x: str = ""
+
+  def arm(self, name: str) -> Arm:
+    for a in self.arms:
+      if a.name == name:
+        return a
+    raise KeyError(f"sweep {self.name!r} has no arm {name!r}")
+
+  def baseline_of(self, arm: Arm) -> Optional[str]:
+    """The arm `arm` is paired with, or None for the sweep's baseline itself."""
+    base = arm.baseline or self.baseline
+    return None if base == arm.name else base
+
+
+EVAL_PROBLEMS = 1024
+
+
+@functools.lru_cache(maxsize=None)
+def _task_holds(task_json: str, n: int) -> bool:
+  """Whether the task of these task.* settings has `n` distinct held-out problems."""
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top  (jax: only when planning)
+  task = build.make_task(ml_collections.ConfigDict({"task": json.loads(task_json)}))
+  try:
+    task.eval_set(n)
+    return True
+  except ValueError:
+    return False
+  finally:
+    task.close()
+
+
+def eval_problems(c: ml_collections.ConfigDict) -> int:
+  """EVAL_PROBLEMS held-out problems when the base task holds that many; else the base config's
+  own eval.num_problems (the tiny default's 1-2 digit additions hold ~900)."""
+  task_json = json.dumps(c.task.to_dict(), sort_keys=True, default=list)
+  if _task_holds(task_json, EVAL_PROBLEMS):
+    return EVAL_PROBLEMS
+  return int(c.eval.num_problems)
+
+
+# The evaluation protocol of every run (PAPER.md "Settings reported"): 1024 held-out problems
+# (`eval_problems`), pass@1 at T=0.1 and pass@k up to 32 at T=1.0, both at top_p 0.95; a constant
+# learning rate after the base config's short warmup; the deterministic in-process JAX sampler.
+COMMON: tuple[tuple[str, Value], ...] = (
+    ("rollout.backend", "jax"),
+    ("trainer.schedule", "constant"),
+    ("eval.num_problems", Derived(eval_problems, "1024, or the base's own for a small task")),
+    ("eval.n_samples", 32),
+    ("eval.ks", (1, 2, 4, 8, 16, 32)),
+    ("eval.temperature_pass1", 0.1),
+    ("eval.temperature_passk", 1.0),
+    ("eval.top_p", 0.95),
+    ("checkpoint.every", 100),
+)
+
+# `--quick`: a few steps and a tiny evaluation, so CI runs a sweep end to end in about a minute.
+QUICK: tuple[tuple[str, Value], ...] = (
+    ("eval.num_problems", 32),
+    ("eval.n_samples", 4),
+    ("eval.ks", (1, 2, 4)),
+    ("checkpoint.every", 0),
+)
+QUICK_BUDGET_UPDATES = 12.0
+QUICK_GRID_POINTS = 2
+
+ON_POLICY: tuple[tuple[str, Value], ...] = (("buffer.on_policy", True),
+                                            ("buffer.on_policy_order", "lifo"))
+
+
+def sync_rollouts_per_step(c: ml_collections.ConfigDict) -> int:
+  """R of the synchronous grid: half the base batch B, rounded to whole groups, so B/R = 2 at the
+  base batch size."""
+  g = int(c.rollout.group_size)
+  return g * max(1, round(c.buffer.batch_size / (2 * g)))
+
+
+def update_seconds(c: ml_collections.ConfigDict) -> float:
+  """Device-seconds of one on-policy update of `c`: (1 + mu) * train_seconds_per_step."""
+  return (1.0 + float(c.scheduler.mu)) * float(c.scheduler.train_seconds_per_step)
+
+
+def _fmt(x: float) -> str:
+  return f"{x:.3g}"
+
+
+def _n_sweep() -> Sweep:
+  # In the asynchronous pipeline the rollouts generated per step, B / replay ratio, are fewer than
+  # B, so N/R = 1 would leave N < B (no batch can be drawn). The sweep therefore scales N by B, and
+  # tags each arm with its nominal N/R (R = B * W / (mu * T)); sync_grid holds the exact N/R knob.
+  arms = tuple(
+      Arm(f"n{x}b", (("buffer.size", Derived(lambda c, x=x: x * int(c.buffer.batch_size),
+                                             f"{x} B")),),
+          tags=(("N/B", float(x)),))
+      for x in (1, 2, 4, 8))
+  return Sweep("n_sweep", "Fig. 3 left: replay with buffer sizes N in {1, 2, 4, 8} x B; larger N: "
+               "slower but more stable, later and higher peak.", arms, baseline="n4b",
+               figure="final_peak", figure_x="N/B")
+
+
+def _wt_sweep() -> Sweep:
+  # Replay ratio mu * T / W at mu = 6.84: 0.98, 2.3, 4.1, 6.8 (the last one aggressive).
+  arms = tuple(Arm(f"w{w}t{t}", (("rollout.num_workers", w), ("trainer.num_devices", t)),
+                   tags=(("W", float(w)), ("T", float(t))))
+               for w, t in ((7, 1), (6, 2), (5, 3), (4, 4)))
+  return Sweep("wt_sweep", "Fig. 3 right / 14: (W, T) giving replay ratios mu*T/W from ~1 to ~7; "
+               "moderate replay keeps peak accuracy, aggressive replay degrades it.",
+               arms, baseline="w7t1", figure="final_peak", figure_x="buffer/replay_ratio")
+
+
+def _mu_sweep() -> Sweep:
+  arms = []
+  for mu in (3.0, 6.84, 14.0):
+    arms.append(Arm(f"onpolicy_mu{_fmt(mu)}", ON_POLICY + (("scheduler.mu", mu),),
+                    family="onpolicy", tags=(("mu", mu),)))
+    arms.append(Arm(f"replay_mu{_fmt(mu)}", (("scheduler.mu", mu),),
+                    baseline=f"onpolicy_mu{_fmt(mu)}", family="replay", tags=(("mu", mu),)))
+  return Sweep("mu_sweep", "Generation/training cost ratio mu in {3, 6.84, 14}, on-policy and "
+               "replay at each (paired at equal mu): the saving should grow with mu (Thm 4.5).",
+               tuple(arms), baseline="onpolicy_mu6.84")
+
+
+def _lr_sweep() -> Sweep:
+  arms = []
+  for f in (1 / 3, 1.0, 3.0):
+    lr = Derived(lambda c, f=f: float(f"{f * c.trainer.learning_rate:.4g}"),
+                 f"{_fmt(f)} x the base learning rate")
+    arms.append(Arm(f"onpolicy_lr{_fmt(f)}x", ON_POLICY + (("trainer.learning_rate", lr),),
+                    family="onpolicy", tags=(("lr_factor", f),)))
+    arms.append(Arm(f"replay_lr{_fmt(f)}x", (("trainer.learning_rate", lr),),
+                    baseline=f"onpolicy_lr{_fmt(f)}x", family="replay", tags=(("lr_factor", f),)))
+  return Sweep("lr_sweep", "Fig. 4: three constant learning rates for on-policy and for the "
+               "default replay arm; the best replay configurations should dominate the Pareto "
+               "frontier of the best on-policy ones.", tuple(arms), baseline="onpolicy_lr1x",
+               figure="pareto")
+
+
+def _sync_grid() -> Sweep:
+  """Theorem 4.5: the synchronous schedule over N/R x B/R (B <= N, so a batch is distinct)."""
+  arms = []
+  for x in (1, 2, 4, 8):
+    for y in (1, 2, 4):
+      if y > x:
+        continue
+      arms.append(Arm(f"n{x}_b{y}", (
+          ("scheduler.kind", "sync"),
+          ("scheduler.rollouts_per_step", Derived(sync_rollouts_per_step, "R")),
+          ("rollout.prompts_per_request",
+           Derived(lambda c: sync_rollouts_per_step(c) // c.rollout.group_size, "R / G")),
+          ("buffer.size", Derived(lambda c, x=x: x * sync_rollouts_per_step(c), f"{x} R")),
+          ("buffer.batch_size", Derived(lambda c, y=y: y * sync_rollouts_per_step(c), f"{y} R")),
+          # The simulated costs are per update of B rollouts (g = mu * train_seconds / B): scale the
+          # step's training time with B so a rollout costs the same to train on and to generate in
+          # every arm (the theory's c = B + mu R).
+          ("scheduler.train_seconds_per_step", Derived(
+              lambda c, y=y: (c.scheduler.train_seconds_per_step * y * sync_rollouts_per_step(c)
+                              / c.buffer.batch_size), "train seconds x B / B_base")),
+      ), tags=(("N/R", float(x)), ("B/R", float(y)))))
+  return Sweep("sync_grid", "Theorem 4.5 / Fig. 6: the synchronous schedule over N/R and B/R; "
+               "n1_b1 (N = B = R) is on-policy. The empirical optimum goes beside the predicted "
+               "x*, y*.", tuple(arms), baseline="n1_b1", figure="grid")
+
+
+def _sweeps() -> dict[str, Sweep]:
+  replay = Arm("replay", family="replay")
+  onpolicy = Arm("onpolicy", ON_POLICY, family="onpolicy")
+  sweeps = [
+      Sweep("fig1", "Fig. 1: on-policy (LIFO queue) vs the default replay arm, accuracy vs "
+            "compute; replay should reach each accuracy with less compute.",
+            (onpolicy, replay), baseline="onpolicy", min_seeds=4),
+      _n_sweep(),
+      _wt_sweep(),
+      Sweep("positive_bias", "Fig. 5: positive bias delta in {0.2, 0.5} vs plain replay; both "
+            "should improve on it.",
+            (replay,) + tuple(Arm(f"delta{d}", (("buffer.positive_fraction", d),),
+                                  tags=(("delta", d),)) for d in (0.2, 0.5)),
+            baseline="replay"),
+      Sweep("asymre", "Fig. 5: AsymRE (tau = -0.1) vs GRPO, both under replay.",
+            (Arm("grpo", (("trainer.loss", "grpo"),)),
+             Arm("asymre", (("trainer.loss", "asymre"),))), baseline="grpo"),
+      _mu_sweep(),
+      _lr_sweep(),
+      _sync_grid(),
+  ]
+  return {s.name: s for s in sweeps}
+
+
+SWEEPS: dict[str, Sweep] = _sweeps()
+
+
+def get(names: str) -> list[Sweep]:
+  """The sweeps named in `names` (comma-separated; "all" = every sweep, in definition order)."""
+  if names.strip() == "all":
+    return list(SWEEPS.values())
+  out = []
+  for n in (s.strip() for s in names.split(",")):
+    if n not in SWEEPS:
+      raise ValueError(f"unknown sweep {n!r}; known: {', '.join(SWEEPS)} or all")
+    out.append(SWEEPS[n])
+  return out
+
+
+def compute_grid(budget: float, points: int, first: float = 1 / 64) -> tuple[float, ...]:
+  """(0, then `points` geometric points from first * budget up to budget) [device-seconds]; the
+  inner points rounded to 4 significant digits."""
+  if points <= 1:
+    return (0.0, float(budget))
+  ratios = [first ** (1.0 - i / (points - 1)) for i in range(points - 1)]
+  return (0.0,) + tuple(float(f"{budget * r:.4g}") for r in ratios) + (float(budget),)
+
+
+PASSK_POINTS = 1
+
+
+def passk_grid(grid: Sequence[float], last: int = PASSK_POINTS) -> tuple[float, ...]:
+  """The grid points whose evaluation also draws the 32 pass@k samples at T=1 (8x the cost of
+  the 4 pass@1 samples): the start and the `last` points up to the budget (pass@1 is measured at
+  every point)."""
+  grid = tuple(grid)
+  return tuple(sorted(set(grid[:1] + grid[-last:])))
+
+
+def total_steps_cap(budget: float, c: ml_collections.ConfigDict) -> int:
+  """An upper bound on a run's steps within `budget`: every step costs at least its training."""
+  return int(math.ceil(budget / float(c.scheduler.train_seconds_per_step))) + 1
+
+
+def apply(c: ml_collections.ConfigDict, overrides: Sequence[tuple[str, Any]]) -> None:
+  """Sets each dotted key of `overrides` on `c` (locked: a key `c` lacks is an error naming it)."""
+  for key, value in overrides:
+    *path, leaf = key.split(".")
+    parent = c
+    for part in path:
+      if part not in parent:
+        raise KeyError(f"config key {key!r} does not exist in the base config (part {part!r})")
+      parent = parent[part]
+    if leaf not in parent:
+      raise KeyError(f"config key {key!r} does not exist in the base config")
+    parent[leaf] = value
+
+
+def resolve(overrides: Sequence[tuple[str, Value]], c: ml_collections.ConfigDict
+            ) -> list[tuple[str, Any]]:
+  """Applies `overrides` to `c` in order; every `Derived` value is computed on `c` as it was
+  before any of them (the base), never on a sibling override. Returns the concrete (key, value)
+  list."""
+  base = ml_collections.ConfigDict(c.to_dict())
+  out = [(k, v.fn(base) if isinstance(v, Derived) else v) for k, v in overrides]
+  apply(c, out)
+  return out
+
+
+def format_value(value: Any) -> str:
+  """The command-line form of a config value (`--config.KEY=...`)."""
+  if isinstance(value, bool):
+    return str(value)
+  if isinstance(value, float):
+    return repr(value)
+  if isinstance(value, (tuple, list)):
+    inner = ",".join(format_value(v) for v in value)
+    return f"({inner},)" if len(value) == 1 else f"({inner})"
+  return str(value)
