@@ -452,7 +452,7 @@ def test_importing_rollout_does_not_import_vllm_torch_or_jax():
 def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   """A run killed with -9 leaves /dev/shm/jaxreplay-<pid>-*; the next publisher removes those of
   dead pids and keeps live ones (another run on the machine) and unrelated names."""
-  from jaxreplay.rollout.weights import file_publisher as weight_sync  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.weights import publisher as weight_sync  # pylint: disable=g-import-not-at-top
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
   stale = tmp_path / f"jaxreplay-{dead.pid}-abc"

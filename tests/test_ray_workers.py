@@ -25,8 +25,9 @@ from jaxreplay.rollout import backends as workers
 from jaxreplay.models import hf_io
 from jaxreplay.rollout.base import SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.jax_sampler import JaxSampler
-from jaxreplay.rollout.pool import PromptBatch, WorkerPool
-from jaxreplay.rollout.weights.shm_format import StaleWeights
+from jaxreplay.rollout.base import PromptBatch
+from jaxreplay.rollout.pool import WorkerPool
+from jaxreplay.rollout.base import StaleWeights
 from tests.conftest import require
 
 CFG = models.presets.tiny()

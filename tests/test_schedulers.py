@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
-from jaxreplay.rollout.pool import PromptBatch
+from jaxreplay.rollout.base import PromptBatch
 from jaxreplay.run.schedules import (AsyncScheduler, GenerationCost, SimState, SimulatedScheduler,
                                   SyncScheduler)
 

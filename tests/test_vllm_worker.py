@@ -17,6 +17,7 @@ from jaxreplay.rollout import base
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.vllm.engine import (VllmEngine, VllmWorkerProcess, WorkerDied,
                                            request_seed)
+from jaxreplay.rollout.vllm import worker_side
 from jaxreplay.rollout.weights.file_publisher import WeightPublisher
 from tests.conftest import require
 
@@ -351,15 +352,15 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
   from jaxreplay.rollout.vllm import engine as vllm_worker  # pylint: disable=g-import-not-at-top
 
   def record(layer):
-    return logging.LogRecord(vllm_worker._RELOAD_LOGGER, logging.WARNING, __file__, 1,  # pylint: disable=protected-access
+    return logging.LogRecord(worker_side._RELOAD_LOGGER, logging.WARNING, __file__, 1,  # pylint: disable=protected-access
                              "%s: Failed to load weights", (layer,), None)
-  tied = vllm_worker._BenignReloadWarnings(tied_head=True)  # pylint: disable=protected-access
+  tied = worker_side._BenignReloadWarnings(tied_head=True)  # pylint: disable=protected-access
   assert not tied.filter(record("RotaryEmbedding"))
   assert not tied.filter(record("Llama3RotaryEmbedding"))
   assert not tied.filter(record("ParallelLMHead"))
   assert tied.filter(record("QKVParallelLinear")) and tied.filter(record("VocabParallelEmbedding"))
   assert tied.dropped == 3
-  untied = vllm_worker._BenignReloadWarnings(tied_head=False)  # pylint: disable=protected-access
+  untied = worker_side._BenignReloadWarnings(tied_head=False)  # pylint: disable=protected-access
   assert untied.filter(record("ParallelLMHead"))  # an untied head must load: keep its warning
   other = logging.LogRecord("x", logging.WARNING, __file__, 1, "something else %s", ("a",), None)
   assert tied.filter(other)

@@ -19,7 +19,7 @@ import numpy as np
 from jaxreplay.learner import algorithms
 from jaxreplay.learner.batch import Rollout
 from jaxreplay.rollout.base import Group, SamplingParams
-from jaxreplay.rollout.pool import PoolStopped, PromptBatch
+from jaxreplay.rollout.base import PoolStopped, PromptBatch
 
 
 def make_advantage_fn(loss: str, adv_eps: float = 1e-6, tau: float = -0.1,

@@ -6,23 +6,25 @@ imports `jaxreplay.rollout.vllm.engine` does not import JAX.
 """
 import importlib
 
-from jaxreplay.rollout.base import (Completion, Group, RolloutWorker, SamplingParams, Weights,
-                                   WorkerDied)
+from jaxreplay.rollout.base import (Completion, Delivery, Group, PoolStopped, PromptBatch,
+                                    RolloutWorker, SamplingParams, StaleWeights, Weights,
+                                    WorkerDied)
 
 _LAZY = {
     "JaxSampler": "jaxreplay.rollout.jax_sampler",
     "VllmEngine": "jaxreplay.rollout.vllm.engine",
     "VllmWorkerProcess": "jaxreplay.rollout.vllm.engine",
     "WeightPublisher": "jaxreplay.rollout.weights.file_publisher",
-    "PublishRecord": "jaxreplay.rollout.weights.file_publisher",
+    "FilePublisher": "jaxreplay.rollout.weights.file_publisher",
+    "DeviceCopyPublisher": "jaxreplay.rollout.weights.publisher",
+    "PublishRecord": "jaxreplay.rollout.weights.publisher",
     "ShmPublisher": "jaxreplay.rollout.weights.shm_publisher",
     "WorkerPool": "jaxreplay.rollout.pool",
-    "PromptBatch": "jaxreplay.rollout.pool",
-    "Delivery": "jaxreplay.rollout.pool",
+    "RolloutBackend": "jaxreplay.rollout.backends",
 }
 
 __all__ = ["SamplingParams", "Completion", "Group", "RolloutWorker", "Weights", "WorkerDied",
-           *_LAZY]
+           "StaleWeights", "PoolStopped", "PromptBatch", "Delivery", *_LAZY]
 
 
 def __getattr__(name):

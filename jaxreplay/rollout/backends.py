@@ -35,20 +35,112 @@ from typing import Sequence
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 
 from jaxreplay.infra import sharding
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
-from jaxreplay.rollout.weights.shm_format import StaleWeights
+from jaxreplay.rollout.base import StaleWeights
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_TRANSPORTS = ("shm", "file")
 PLACEMENTS = ("local", "ray")
 
 
+# ---- the tables: which publisher and which worker, by (rollout.backend, rollout.placement) ---------
+
+def _device_copies(backend: "RolloutBackend", keep: int):
+  """JAX samplers in this process: device copies of the params (no host round trip)."""
+  from jaxreplay.rollout.weights.publisher import DeviceCopyPublisher  # pylint: disable=g-import-not-at-top
+  del keep
+  return DeviceCopyPublisher(backend.model_cfg, copy=jax.process_count() == 1)
+
+
+def _shm_segments(backend: "RolloutBackend", keep: int):
+  """vLLM engines of this machine, transport "shm". CPU engines re-pack every kernel from the
+  trainer's [in, out] layout (`vllm.direct_load`): no transposes, written on the trainer's thread."""
+  from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
+  return ShmPublisher(backend.model_cfg, backend.dtype, keep=max(keep, 2),
+                      kernel_layout="jax" if backend.engines_on_cpu else "hf")
+
+
+def _hf_dirs(backend: "RolloutBackend", keep: int):
+  """vLLM engines of this machine, transport "file": an HF directory per version."""
+  from jaxreplay.rollout.weights.file_publisher import FilePublisher  # pylint: disable=g-import-not-at-top
+  return FilePublisher(backend.model_cfg, backend.dtype, keep=keep)
+
+
+def _object_store(backend: "RolloutBackend", keep: int):
+  """Ray actors: the numpy params in their own dtype (JAX samplers, as in-process ones) or the HF
+  state dict in the engines' dtype (vLLM)."""
+  from jaxreplay.rollout.ray import publisher as ray_publisher  # pylint: disable=g-import-not-at-top
+  if backend.backend == "jax":
+    return ray_publisher.ObjectStorePublisher(backend.model_cfg, "params", None, keep=keep)
+  return ray_publisher.ObjectStorePublisher(backend.model_cfg, "hf", backend.dtype, keep=keep)
+
+
+# (rollout.backend, rollout.placement, rollout.weight_transport or None where it has no say)
+PUBLISHERS = {
+    ("jax", "local", None): _device_copies,
+    ("vllm", "local", "shm"): _shm_segments,
+    ("vllm", "local", "file"): _hf_dirs,
+    ("jax", "ray", None): _object_store,
+    ("vllm", "ray", None): _object_store,
+}
+
+
+def _jax_sampler(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+  c = backend.config
+  return JaxSampler(backend.model_cfg, weights.params, c.model.max_len,
+                    batch_size=c.rollout.sampler_batch_size, eos_token_ids=backend.stop_ids,
+                    seed=backend.worker_seed(index), policy_version=weights.version)
+
+
+def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+  """A vLLM engine in its own process on this machine's worker GPUs (or CPU)."""
+  from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
+  c = backend.config
+  settings = dict(backend.settings)
+  env = dict(settings.pop("env"))
+  seed = backend.worker_seed(index)
+  gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
+  if gpus:  # jaxreplay.config.devices (launch): tensor_parallel_size worker GPUs per worker
+    groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
+  if backend.transport == "file":
+    return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
+                             eos_token_ids=backend.stop_ids, **settings)
+  # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
+  worker = VllmWorkerProcess(backend.publisher.model_dir, weights_pending=True, policy_version=-1,
+                             seed=seed, env=env, eos_token_ids=backend.stop_ids, **settings)
+  try:
+    worker.load_weights(weights)
+  except StaleWeights:
+    # Newer versions reused the segment's slot while the engine started (tens of seconds): the
+    # worker holds no weights yet (version -1); the pool loads its newest target next.
+    logging.info("rollout worker %d started after version %d was superseded; it loads the "
+                 "newest next", index, weights.version)
+  except BaseException:
+    worker.kill()
+    raise
+  return worker
+
+
+def _ray_actor(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+  """Actor `index` of the Ray group (made on first use, re-attached after a restart)."""
+  return backend.ray_group.make_worker(index, weights)
+
+
+# (rollout.backend, rollout.placement) -> the factory of worker `index` holding `weights`
+WORKERS = {
+    ("jax", "local"): _jax_sampler,
+    ("vllm", "local"): _vllm_process,
+    ("jax", "ray"): _ray_actor,
+    ("vllm", "ray"): _ray_actor,
+}
+
+
 class RolloutBackend:
-  """Makes the rollout workers of one run and publishes weights to them.
+  """Makes the rollout workers of one run and publishes weights to them (`PUBLISHERS`, `WORKERS`).
 
   Args:
     config: the run config (rollout.backend resolved to "jax" or "vllm", rollout.*, model.max_len).
@@ -73,28 +165,28 @@ class RolloutBackend:
       raise ValueError(f"rollout.placement={self.placement!r}: expected one of {PLACEMENTS}")
     self.ray_group = None
     on_cpu = jax.default_backend() == "cpu"
-    self.engines_on_cpu = on_cpu
     if self.placement == "ray":  # the engines run where their bundles' GPUs (or none) are
       self.ray_gpus = ray_gpus_per_worker(config, on_cpu)
       on_cpu = self.ray_gpus == 0
-      self.engines_on_cpu = on_cpu
+    self.engines_on_cpu = on_cpu
     if self.backend == "vllm":
       self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
       self.transport = config.rollout.weight_transport
       if self.transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
                          f"{WEIGHT_TRANSPORTS}")
+    local_vllm = (self.backend, self.placement) == ("vllm", "local")
+    self._publisher_key = (self.backend, self.placement, self.transport if local_vllm else None)
+    self._make_worker = WORKERS[(self.backend, self.placement)]
     if not self.serves_workers:
-      pass  # process 0 owns the workers (and Ray): nothing to start here
-    elif self.placement == "ray":
-      self.ray_group = self._make_ray_group()
-      try:
-        self.publisher = self._make_publisher(keep=3)
-      except BaseException:
-        self.close()
-        raise
-    elif self.backend == "vllm":
+      return  # process 0 owns the workers (and Ray): nothing to start here
+    try:
+      if self.placement == "ray":
+        self.ray_group = self._make_ray_group()
       self.publisher = self._make_publisher(keep=3)
+    except BaseException:
+      self.close()
+      raise
 
   @property
   def dtype(self) -> str:
@@ -109,15 +201,17 @@ class RolloutBackend:
   def publish_eval(self, params, version: int) -> Weights:
     """As `publish`, for a version the workers only evaluate (a step that was not published): its
     own publisher, so the rollout versions are never pushed out."""
-    if (self._eval_publisher is None and self.serves_workers
-        and (self.backend == "vllm" or self.placement == "ray")):
+    if self._eval_publisher is None and self.serves_workers:
       self._eval_publisher = self._make_publisher(
           keep=2 if self.transport == "shm" or self.placement == "ray" else 1)
     return self._publish(self._eval_publisher, params, version)
 
+  def _make_publisher(self, keep: int):
+    return PUBLISHERS[self._publisher_key](self, keep)
+
   def _make_ray_group(self):
-    """The Ray actors' group (`rollout.ray_workers.RayRolloutGroup`): connects to / starts Ray."""
-    from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+    """The Ray actors' group (`rollout.ray.group.RayRolloutGroup`): connects to / starts Ray."""
+    from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
     c, r = self.config, self.config.rollout
     env, engine_kwargs, config_files = {}, {}, {}
     if self.backend == "vllm":
@@ -125,92 +219,41 @@ class RolloutBackend:
       env = dict(engine_kwargs.pop("env"))
       dtype = engine_kwargs.pop("dtype")
       config_files = vllm_config_files(self.model_cfg, dtype)
-    spec = ray_workers.WorkerSpec(
+    spec = ray_group.WorkerSpec(
         backend=self.backend, model_cfg=self.model_cfg, max_len=int(c.model.max_len),
         sampler_batch_size=int(r.sampler_batch_size), eos_token_ids=self.stop_ids, seed=int(c.seed),
         dtype=self.settings["dtype"] if self.backend == "vllm" else "float32",
         engine_kwargs=engine_kwargs, env=env, config_files=config_files)
     # The async schedule drives W actors; the simulated and sync ones a single local worker.
     num_actors = int(r.num_workers) if c.scheduler.kind == "async" else 1
-    return ray_workers.RayRolloutGroup(
+    return ray_group.RayRolloutGroup(
         spec, num_actors, address=str(r.ray_address),
         num_cpus_per_worker=float(r.ray_num_cpus_per_worker),
         num_gpus_per_worker=self.ray_gpus,
         strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts))
 
-  def _make_publisher(self, keep: int):
-    if self.placement == "ray":
-      from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
-      if self.backend == "jax":  # the numpy pytree in the params' own dtype, as in-process samplers
-        return ray_workers.ObjectStorePublisher(self.model_cfg, "params", None, keep=keep)
-      return ray_workers.ObjectStorePublisher(self.model_cfg, "hf", self.dtype, keep=keep)
-    if self.transport == "shm":
-      from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
-      # CPU engines re-pack every kernel from the trainer's [in, out] layout
-      # (`vllm_direct_load`): no transposes, the segment written on the trainer's thread.
-      return ShmPublisher(self.model_cfg, self.dtype, keep=max(keep, 2),
-                          kernel_layout="jax" if self.engines_on_cpu else "hf")
-    from jaxreplay.rollout.weights.file_publisher import WeightPublisher  # pylint: disable=g-import-not-at-top
-    return WeightPublisher(keep=keep)
-
   def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
       params = sharding.host_local(params)
-    elif self.backend == "jax" and self.placement == "local" and self.serves_workers:
-      params = jax.tree.map(jnp.copy, params)  # the train step donates its own buffers
     if not self.serves_workers:  # process 0 hands its copy to the workers
       return Weights(version=int(version), cfg=self.model_cfg)
-    if self.placement == "ray":  # one object per version in Ray's object store (host copy here)
-      return publisher.publish(params, version)
-    if self.backend == "jax":
-      return Weights(version=int(version), params=params, cfg=self.model_cfg)
-    if self.transport == "shm":
-      return publisher.publish(params, version)
-    hf_dir = publisher.publish(self.model_cfg, params, version, dtype=self.dtype)
-    return Weights(version=int(version), hf_dir=hf_dir, cfg=self.model_cfg)
+    return publisher.publish(params, version)
 
   @property
   def requests_per_call(self) -> int:
     """Whole requests a pool worker takes into one `generate` call (see `requests_per_call`)."""
     return requests_per_call(self.config)
 
+  def worker_seed(self, index: int) -> int:
+    """Worker `index`'s sampling seed (from config.seed)."""
+    return self.config.seed + 1000 * (index + 1)
+
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
-    """A new worker `index` holding `weights` (its seed derives from config.seed and index)."""
+    """A new worker `index` holding `weights` (`WORKERS[(backend, placement)]`)."""
     if not self.serves_workers:
       raise RuntimeError("rollout workers run on trainer process 0 only (multi-process async "
                          "schedule); this process has none")
-    if self.ray_group is not None:  # actor `index` (made on first use, re-attached after a restart)
-      return self.ray_group.make_worker(index, weights)
-    c = self.config
-    seed = c.seed + 1000 * (index + 1)
-    if self.backend == "jax":
-      return JaxSampler(self.model_cfg, weights.params, c.model.max_len,
-                        batch_size=c.rollout.sampler_batch_size, eos_token_ids=self.stop_ids,
-                        seed=seed, policy_version=weights.version)
-    from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
-    settings = dict(self.settings)
-    env = dict(settings.pop("env"))
-    gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
-    if gpus:  # jaxreplay.config.devices (launch): the worker GPUs, tensor_parallel_size of them per worker
-      groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
-      env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
-    if self.transport == "file":
-      return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
-                               eos_token_ids=self.stop_ids, **settings)
-    # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
-    worker = VllmWorkerProcess(self.publisher.model_dir, weights_pending=True, policy_version=-1,
-                               seed=seed, env=env, eos_token_ids=self.stop_ids, **settings)
-    try:
-      worker.load_weights(weights)
-    except StaleWeights:
-      # Newer versions reused the segment's slot while the engine started (tens of seconds): the
-      # worker holds no weights yet (version -1); the pool loads its newest target next.
-      logging.info("rollout worker %d started after version %d was superseded; it loads the "
-                   "newest next", index, weights.version)
-    except BaseException:
-      worker.kill()
-      raise
-    return worker
+    return self._make_worker(self, index, weights)
 
   def close(self) -> None:
     for name in ("publisher", "_eval_publisher"):

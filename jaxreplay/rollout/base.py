@@ -3,7 +3,8 @@
 A worker turns prompts into groups of sampled completions, each token with the sampler's own
 log-probability, and is tagged with the policy version of the weights that produced them. What the
 backends share lives here too (numpy only, so that the generic pool never imports vLLM or JAX):
-the weights handle, the death exception, the greedy threshold and the prompt check.
+the weights handle, the records a pool passes around (`PromptBatch`, `Delivery`), the exceptions
+(`WorkerDied`, `StaleWeights`, `PoolStopped`), the greedy threshold and the prompt check.
 """
 from __future__ import annotations
 
@@ -141,3 +142,36 @@ def check_prompts(prompts: Sequence[np.ndarray], vocab_size: int, max_len: int, 
                        "SamplingParams.max_tokens, or truncate the prompt")
     out.append(p.astype(np.int32))
   return out
+
+
+# ---- the records of a pool of workers (`rollout.pool`) and its exceptions -----------------
+
+class StaleWeights(RuntimeError):
+  """The weights a worker was told to load were superseded before it read them (e.g. a reused
+  shared-memory slot): the worker keeps the version it holds and loads the newest next."""
+
+
+class PoolStopped(RuntimeError):
+  """A request finished after the pool was told to stop: not delivered (its prompts go back)."""
+
+
+@dataclasses.dataclass
+class PromptBatch:
+  """One request: prompts (int32 [Lp] arrays), n samples each, settings; `meta` rides along."""
+  prompts: list[np.ndarray]
+  n: int
+  sampling: SamplingParams
+  meta: Any = None
+
+
+@dataclasses.dataclass
+class Delivery:
+  """What the sink receives: the groups of one whole request, all of `policy_version`.
+  `generate_seconds` is the request's share (by generated tokens) of the call that made it."""
+  groups: list[Group]
+  batch: PromptBatch
+  worker_index: int
+  policy_version: int
+  generate_seconds: float
+  num_tokens: int
+  prepared: Any = None  # what the pool's `prepare` returned for it (None without one)

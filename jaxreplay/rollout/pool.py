@@ -37,34 +37,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from jaxreplay.rollout.base import Group, RolloutWorker, SamplingParams, Weights, WorkerDied
-from jaxreplay.rollout.weights.shm_format import StaleWeights
-
-
-class PoolStopped(RuntimeError):
-  """A request finished after the pool was told to stop: not delivered (its prompts go back)."""
-
-
-@dataclasses.dataclass
-class PromptBatch:
-  """One request: prompts (int32 [Lp] arrays), n samples each, settings; `meta` rides along."""
-  prompts: list[np.ndarray]
-  n: int
-  sampling: SamplingParams
-  meta: Any = None
-
-
-@dataclasses.dataclass
-class Delivery:
-  """What the sink receives: the groups of one whole request, all of `policy_version`.
-  `generate_seconds` is the request's share (by generated tokens) of the call that made it."""
-  groups: list[Group]
-  batch: PromptBatch
-  worker_index: int
-  policy_version: int
-  generate_seconds: float
-  num_tokens: int
-  prepared: Any = None  # what the pool's `prepare` returned for it (None without one)
+from jaxreplay.rollout.base import (Delivery, Group, PoolStopped, PromptBatch, RolloutWorker,  # noqa: F401  (re-exported)
+                                    SamplingParams, StaleWeights, Weights, WorkerDied)
 
 
 @dataclasses.dataclass

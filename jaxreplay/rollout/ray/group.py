@@ -45,7 +45,7 @@ from jaxreplay.rollout.base import Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.ray.actor import RolloutActor, WorkerSpec
 from jaxreplay.rollout.ray.publisher import (ObjectStorePublisher, PutRecord,
                                              StoredWeights, stored_weights)
-from jaxreplay.rollout.weights.shm_format import StaleWeights
+from jaxreplay.rollout.base import StaleWeights
 
 __all__ = ["STRATEGIES", "ObjectStorePublisher", "PutRecord", "RayRolloutGroup", "RayWorker",
            "RolloutActor", "StoredWeights", "WorkerSpec", "check_address", "connect",

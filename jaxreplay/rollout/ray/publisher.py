@@ -24,7 +24,7 @@ from jaxreplay.models import hf_io
 from jaxreplay.rollout.weights import shm_format as shm_weights
 from jaxreplay.rollout.base import Weights
 from jaxreplay.rollout.weights.shm_publisher import host_copies
-from jaxreplay.rollout.weights.file_publisher import PublishHistory
+from jaxreplay.rollout.weights.publisher import PublishHistory, PublishRecord
 
 
 def stored_weights(weights: Weights) -> "StoredWeights":
@@ -54,14 +54,7 @@ class StoredWeights:
   put_s: float
 
 
-@dataclasses.dataclass
-class PutRecord:
-  """One publish: version, payload bytes, the trainer's stall (device -> host copy) and the
-  background put (HF layout + `ray.put`) [s]."""
-  version: int
-  nbytes: int
-  stall_s: float
-  put_s: float = float("nan")  # NaN until the object is stored
+PutRecord = PublishRecord  # the name of its record before the publisher contract
 
 
 class ObjectStorePublisher(PublishHistory):
@@ -91,7 +84,7 @@ class ObjectStorePublisher(PublishHistory):
     self._lock = threading.Lock()
     self._stored: collections.deque[StoredWeights] = collections.deque()
     self._last_version: Optional[int] = None
-    self.history: list[PutRecord] = []
+    self.history: list[PublishRecord] = []
     self._closed = False
 
   def publish(self, params: Any, version: int) -> Weights:
@@ -108,7 +101,7 @@ class ObjectStorePublisher(PublishHistory):
       start = time.perf_counter()
       leaves, treedef = jax.tree_util.tree_flatten(params)
       host = host_copies(leaves, self.dtype)
-      record = PutRecord(version, sum(x.nbytes for x in host), time.perf_counter() - start)
+      record = PublishRecord(version, sum(x.nbytes for x in host), time.perf_counter() - start)
       future = self._executor.submit(self._put, treedef, host, version, record)
       self._last_version = version
       self.history.append(record)
@@ -132,15 +125,15 @@ class ObjectStorePublisher(PublishHistory):
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def _put(self, treedef, host: list[np.ndarray], version: int, record: PutRecord) -> StoredWeights:
+  def _put(self, treedef, host: list[np.ndarray], version: int, record: PublishRecord) -> StoredWeights:
     start = time.perf_counter()
     tree = jax.tree_util.tree_unflatten(treedef, host)
     payload = tree if self.form == "params" else _hf_state_dict(self.cfg, tree)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(payload))
     ref = ray.put(payload)
     del payload, tree, host
-    record.put_s = time.perf_counter() - start
-    stored = StoredWeights(version, ref, nbytes, record.put_s)
+    record.write_s = time.perf_counter() - start
+    stored = StoredWeights(version, ref, nbytes, record.write_s)
     with self._lock:
       self._stored.append(stored)
       while len(self._stored) > self.keep:

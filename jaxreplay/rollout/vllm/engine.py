@@ -44,6 +44,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from jaxreplay.infra.child_process import ChildDied, ChildProcess
+from jaxreplay.rollout.vllm.worker_side import SHM_BACKEND
 from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
                                     WorkerDied, check_prompts)
 from jaxreplay.tasks import tokenizer as tokenizer_lib
@@ -91,30 +92,6 @@ def _apply_default_env(env: Optional[dict[str, str]] = None) -> None:
   os.environ.update(env or {})
 
 
-class _BenignReloadWarnings(logging.Filter):
-  """Drops vLLM's layerwise-reload warning "<Layer>: Failed to load weights" for layers that have
-  nothing to load by design: rotary embeddings (their cos/sin cache is a computed buffer, not a
-  checkpoint tensor) and, when the embeddings are tied, the LM head (its weight is the embedding's).
-  Every other layer's warning still shows. Whether a refresh really loaded the weights is checked
-  by comparing log-probs (`run_metrics.MismatchProbe`, which warns when they differ)."""
-
-  def __init__(self, tied_head: bool):
-    super().__init__()
-    self.tied_head = tied_head
-    self.dropped = 0
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.msg != "%s: Failed to load weights" or not record.args:
-      return True
-    layer = str(record.args[0])
-    benign = layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead")
-    self.dropped += benign
-    return not benign
-
-
-_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
 class _BenignStartupWarnings(logging.Filter):
   """Drops the `_BENIGN_STARTUP` warnings of one vLLM logger (each with its reason there)."""
 
@@ -142,33 +119,9 @@ def _silence_benign_startup_warnings() -> None:
       target.addFilter(_BenignStartupWarnings(prefixes))
 
 
-def _reload_worker_weights(worker, weights_path: str) -> None:
-  """Runs inside vLLM's worker: reloads all weights from `weights_path`, re-packs a tied LM head."""
-  model = worker.model_runner.get_model()
-  tied = bool(getattr(model.config, "tie_word_embeddings", False))
-  reload_logger = logging.getLogger(_RELOAD_LOGGER)
-  if not any(isinstance(f, _BenignReloadWarnings) for f in reload_logger.filters):
-    reload_logger.addFilter(_BenignReloadWarnings(tied))
-  load_config = worker.vllm_config.load_config
-  if str(load_config.load_format) == "dummy":  # started with placeholder weights: files from now on
-    load_config.load_format = "auto"
-  worker.reload_weights(weights_path=weights_path)
-  _repack_tied_head(worker.model_runner.get_model())
-
-
-def _repack_tied_head(model) -> None:
-  """With tied embeddings the LM head is not reloaded itself (its weight is the embedding's), so
-  vLLM's packed copy of it (CPU) would stay stale: re-pack it from the new embedding."""
-  lm_head = getattr(model, "lm_head", None)
-  quant_method = getattr(lm_head, "quant_method", None)
-  if getattr(model.config, "tie_word_embeddings", False) and quant_method is not None:
-    quant_method.process_weights_after_loading(lm_head)
-
-
-# The worker extension (`vllm_transfer.WorkerExtension`: the reload methods called by name) lives in
-# a module that imports vLLM; importing it registers the shared-memory weight-transfer engine.
+# The worker extension (`transfer.WorkerExtension`: the reload methods called by name) lives in a
+# module that imports vLLM; importing it registers the shared-memory weight-transfer engine.
 WORKER_EXTENSION = "jaxreplay.rollout.vllm.transfer.WorkerExtension"
-SHM_BACKEND = "jaxreplay_shm"  # = vllm_transfer.SHM_BACKEND (not imported here: no vLLM import)
 
 
 def _check_weights(weights: Weights) -> None:
@@ -315,7 +268,7 @@ class VllmEngine:
     [s] (`last_update_phases`: shm: load_s, repack_s, finalize_s, engine_s, bytes; both: total_s).
 
     Raises ValueError when the handle has neither, FileNotFoundError when the directory holds no
-    config.json or safetensors, `shm_weights.StaleWeights` when the segment was reused for a newer
+    config.json or safetensors, `rollout.base.StaleWeights` when the segment was reused for a newer
     version (the engine then keeps its previous weights).
     """
     _check_weights(weights)

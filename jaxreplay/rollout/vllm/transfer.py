@@ -34,10 +34,9 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from jaxreplay.rollout.weights import shm_format as shm_weights
 from jaxreplay.rollout.vllm import direct_load as vllm_direct_load
-from jaxreplay.rollout.vllm.engine import (_RELOAD_LOGGER, _BenignReloadWarnings,
-                                           _reload_worker_weights, _repack_tied_head)
-
-SHM_BACKEND = "jaxreplay_shm"
+from jaxreplay.rollout.vllm.worker_side import (_RELOAD_LOGGER, SHM_BACKEND,
+                                                _BenignReloadWarnings, _reload_worker_weights,
+                                                _repack_tied_head)
 
 
 @dataclasses.dataclass

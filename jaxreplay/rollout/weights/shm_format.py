@@ -41,6 +41,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import ml_dtypes  # bfloat16 for numpy
 import numpy as np
 
+from jaxreplay.rollout.base import StaleWeights  # noqa: F401  (raised here; re-exported)
+
 MAGIC = b"JXRWSHM1"
 DATA_ALIGN = 4096
 TENSOR_ALIGN = 64
@@ -51,10 +53,6 @@ _INVALID = -(2**62)  # the version field of a slot while it is being written
 # (HF name, HF shape, transpose, source): source() is the tensor in the source layout; the HF
 # tensor is source().T when transpose (`models.hf_io.hf_sources`).
 Source = tuple[str, tuple[int, ...], bool, Callable[[], np.ndarray]]
-
-
-class StaleWeights(RuntimeError):
-  """The segment no longer holds the version the reader was promised (it was reused)."""
 
 
 def _align(n: int, a: int) -> int:

@@ -5,7 +5,7 @@ the next train step donates the params: the device -> host copy of every leaf (c
 the engines' dtype first, e.g. bfloat16) into one of two reused host staging buffers. It returns a
 `Weights` handle at once; a background thread then writes the HF-named, HF-layout tensors (names
 and transposes from `models.layout.RULES`, through `hf_io.hf_sources`) into a shared-memory
-segment (`rollout.shm_weights`: a reused /dev/shm slot, no serialisation) and settles the handle's
+segment (`shm_format`: a reused /dev/shm slot, no serialisation) and settles the handle's
 `ready` future. The engines load the segment between two requests (`rollout.vllm_transfer`); a
 worker whose newest target is not written yet keeps generating at the version it holds
 (`WorkerPool`), and every group carries the version that generated it.
@@ -40,7 +40,8 @@ from jaxreplay.models import layout
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.rollout.weights import shm_format as shm_weights
 from jaxreplay.rollout.base import Weights
-from jaxreplay.rollout.weights.file_publisher import PublishHistory, claim_root, release_root
+from jaxreplay.rollout.weights.publisher import (PublishHistory, PublishRecord, claim_root,
+                                                 release_root)
 
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
 
@@ -78,16 +79,6 @@ def host_views(leaves: list[Any], dtype: str) -> list[np.ndarray]:
   out of them before the leaves are donated."""
   target = jnp.dtype(dtype)
   return [np.asarray(x, dtype=target) for x in _cast_and_start_transfers(leaves, dtype)]
-
-
-@dataclasses.dataclass
-class PublishRecord:
-  """One publish: version, segment path, bytes, the trainer's stall and the background write [s]."""
-  version: int
-  shm_path: str
-  nbytes: int
-  stall_s: float
-  write_s: float = float("nan")  # NaN until the segment is written
 
 
 class ShmPublisher(PublishHistory):
@@ -158,7 +149,7 @@ class ShmPublisher(PublishHistory):
         host = self._copy_to_host(index, leaves)
         reservation = self._ring.reserve(protect)
         stall = time.perf_counter() - start
-        record = PublishRecord(version, reservation.path, self._nbytes(), stall)
+        record = PublishRecord(version, self._nbytes(), stall, location=reservation.path)
         future = self._executor.submit(self._write, reservation, treedef, host, index, version,
                                        record)
       self._versions.append(version)
@@ -212,7 +203,7 @@ class ShmPublisher(PublishHistory):
     sources = hf_io.hf_sources(self.cfg, jax.tree_util.tree_unflatten(treedef, host))
     path, _ = reservation.fill(sources, self.dtype, version, source_layout=True)
     now = time.perf_counter()
-    record = PublishRecord(version, path, self._nbytes(), now - start, now - write_start)
+    record = PublishRecord(version, self._nbytes(), now - start, now - write_start, path)
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(path)
     return record, future

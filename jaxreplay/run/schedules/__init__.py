@@ -51,7 +51,8 @@ from absl import logging
 import numpy as np
 
 from jaxreplay.rollout.base import Completion, Group, RolloutWorker, Weights
-from jaxreplay.rollout.pool import Delivery, WorkerPool
+from jaxreplay.rollout.base import Delivery
+from jaxreplay.rollout.pool import WorkerPool
 
 MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
 Job = Callable[[RolloutWorker], Any]  # runs on one worker between two requests
