@@ -348,3 +348,14 @@ def test_frontier_ratios_take_each_seeds_best_arm_per_family():
   np.testing.assert_allclose(fr["ratio"]["geomean"], np.sqrt(1.5 * 2.0))
   lo, hi = fr["ratio"]["ci95"]
   assert 1.5 - 1e-9 <= lo <= fr["ratio"]["geomean"] <= hi <= 2.0 + 1e-9
+
+
+def test_record_keeps_thinned_rows_and_every_diagnostics_row():
+  rows = [{"step": 0, "eval/pass@1": 0.1}]
+  rows += [{"step": s, "loss": 0.1 * s, "reward_mean": 0.5, "time/step_s": 0.01,
+            **({"diag/noise_scale": 50.0 + s} if s % 10 == 1 else {})} for s in range(1, 601)]
+  kept = experiments._thinned_rows(rows)  # pylint: disable=protected-access
+  diag = [r for r in kept if "diag/noise_scale" in r]
+  assert len(diag) == 60 and all(r["diag/noise_scale"] == 50.0 + r["step"] for r in diag)
+  assert len(kept) <= 60 + experiments.MAX_ROWS + 1 and kept[-1]["step"] == 600
+  assert all("time/step_s" not in r and "loss" in r for r in kept)  # trimmed to ROW_KEYS + diag/*

@@ -207,6 +207,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
+  c.log.diagnostics_every = 10     # steps between regime diagnostics (run.regime: gradient noise
+                                   # scale, update KL, behaviour KL, ratio quantiles, IS ESS); one
+                                   # extra forward + backward each, not counted as compute; 0 = off
+  c.log.diagnostics_splits = 4     # micro-batches of the noise-scale estimate (>= 2; fewer if the
+                                   # batch does not divide)
+  c.log.diagnostics_probe = 8      # rollouts of the fixed probe of diag/update_kl (0 = none);
+                                   # memory: probe x max_len x vocab floats
+  c.log.noise_scale_decay = 0.9    # moving-average decay of the smoothed noise scale
   c.log.wandb_project = ""         # Weights & Biases project; "" = off (wandb is not imported)
   c.log.wandb_entity = ""          # W&B team / user; "" = your default entity
   c.log.wandb_mode = "online"      # online | offline (DIR/wandb; upload later with `wandb sync`)

@@ -299,6 +299,16 @@ def devices_errors(d) -> list[str]:
 
 
 def log_errors(c) -> list[str]:
-  """log.*: the optional W&B settings."""
+  """log.*: the regime diagnostics and the optional W&B settings."""
   from jaxreplay.infra import metric_writers  # pylint: disable=g-import-not-at-top
-  return list(metric_writers.wandb_config_errors(c))
+  errors, g = [], c.log
+  if g.diagnostics_every < 0:
+    errors.append(f"log.diagnostics_every={g.diagnostics_every} must be >= 0 (steps; 0 = off)")
+  if g.diagnostics_splits < 2:
+    errors.append(f"log.diagnostics_splits={g.diagnostics_splits} must be >= 2 (the noise scale "
+                  "compares micro-batch and whole-batch gradients)")
+  if g.diagnostics_probe < 0:
+    errors.append(f"log.diagnostics_probe={g.diagnostics_probe} must be >= 0 (rollouts; 0 = none)")
+  if not 0.0 <= g.noise_scale_decay < 1.0:
+    errors.append(f"log.noise_scale_decay={g.noise_scale_decay} must be in [0, 1)")
+  return errors + list(metric_writers.wandb_config_errors(c))

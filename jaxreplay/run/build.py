@@ -28,6 +28,8 @@ from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
 from jaxreplay.learner import optim
 from jaxreplay.run import metrics_row as run_metrics
+from jaxreplay.run import regime
+from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
 from jaxreplay import tasks
@@ -176,6 +178,7 @@ class Parts:
   eval_problems: list
   buckets: tuple
   gen_seconds_per_rollout: float
+  regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
 
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
@@ -222,6 +225,13 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
                                        **trainer.step_options(t))
   logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
+  regime_diagnostics = regime.RegimeDiagnostics(
+      model_cfg, loss_fn, mesh, state_sh.params, every=c.log.diagnostics_every,
+      splits=c.log.diagnostics_splits, probe_rollouts=c.log.diagnostics_probe,
+      decay=c.log.noise_scale_decay, chunk_size=t.logprob_chunk,
+      logprob_remat=trainer.step_options(t)["logprob_remat"],
+      collate=lambda rollouts: collate_lib.collate(rollouts, buckets=buckets,
+                                                   pad_id=codec.pad_id))
 
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              max_to_keep=c.checkpoint.keep)
@@ -271,4 +281,4 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
       writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
       eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
-      gen_seconds_per_rollout=gen_seconds_per_rollout)
+      gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics)

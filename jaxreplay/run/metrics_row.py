@@ -48,6 +48,14 @@ Keys of a row, by source (units in brackets):
                                  shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
+  diag/*                         regime diagnostics (`jaxreplay.run.regime`), every
+                                 log.diagnostics_every steps: diag/noise_scale (smoothed B_simple
+                                 [rollouts]), diag/noise_scale_raw, diag/batch_over_noise_scale,
+                                 diag/grad_sq, diag/grad_var_trace, diag/update_kl [nats/token],
+                                 diag/behaviour_kl_k3 [nats/token], diag/ratio_p05 / p50 / p95,
+                                 diag/ratio_outside_clip, diag/is_ess; on every row with fresh
+                                 rollouts diag/zero_variance_fraction (delivered groups whose
+                                 rewards are all equal: no GRPO signal)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
                                  gradient or parameters), else 0
   eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due
@@ -135,6 +143,16 @@ def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
           "sim/training_device_seconds": s.training_device_seconds,
           "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
           "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+
+
+def zero_variance_fraction(rewards: np.ndarray, group_size: int) -> float:
+  """The fraction of groups (`rewards` float [n], consecutive runs of `group_size`) whose rewards
+  are all equal (no group-relative signal); NaN without a whole group."""
+  n = rewards.size // max(group_size, 1)
+  if n == 0:
+    return float("nan")
+  groups = rewards[:n * group_size].reshape(n, group_size)
+  return float(np.mean(np.all(groups == groups[:, :1], axis=1)))
 
 
 class RunMetrics:
@@ -228,6 +246,8 @@ class RunMetrics:
     row.update(step_metrics)
     row["reward_mean"] = float(fresh.mean()) if fresh.size else float("nan")
     row["fresh_rollouts"] = float(fresh.size)
+    row["diag/zero_variance_fraction"] = zero_variance_fraction(fresh,
+                                                                self.config.rollout.group_size)
     row.update(self.buffer.metrics(current_version=step))
     row.update(self.accountant.metrics())
     row["compute/measured_seconds"] = row["compute_seconds"]

@@ -146,12 +146,20 @@ class Pipeline:
       sharding.assert_same_on_all_processes(
           np.array([self.step, batch.tokens.sum(), batch.tokens.shape[1],
                     int(np.round(batch.advantages.sum() * 1e4))], np.int64), "the training batch")
+    diag, t_step = {}, t2
+    if p.regime is not None and p.regime.due(self.step):  # measured before the donating step
+      diag = p.regime.before_update(self.state.params, self.state.ref_params, batch, rollouts)
+      t_step = time.perf_counter()  # not part of the step's time (nor of its compute)
     self.state, step_metrics = p.train_step(self.state, batch)
     step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
     t3 = time.perf_counter()
+    if diag:
+      diag.update(p.regime.after_update(self.state.params))
+      diag["time/diagnostics_s"] = time.perf_counter() - t3 + t_step - t2
+      step_metrics.update(diag)
     self.step += 1
-    p.metrics.timing.update(sample_s=sample_s, collate_s=t2 - t1, step_s=t3 - t2)
-    p.accountant.add_training((t3 - t2) * c.trainer.num_devices, int(np.sum(batch.segment_ids > 0)),
+    p.metrics.timing.update(sample_s=sample_s, collate_s=t2 - t1, step_s=t3 - t_step)
+    p.accountant.add_training((t3 - t_step) * c.trainer.num_devices, int(np.sum(batch.segment_ids > 0)),
                               seq_len=int(batch.tokens.shape[1]))
     step_metrics["batch/reward_mean"] = float(np.mean([r.reward for r in rollouts]))
     step_metrics["time/virtual"] = float(now)
@@ -293,6 +301,7 @@ class Pipeline:
             "eval_calls": (p.eval_sampler.call_count if p.eval_sampler is not None
                            else self.eval_calls),
             "counters": p.metrics.counters(),
+            "regime": p.regime.state_dict() if p.regime is not None else None,
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
             "eval_grid": {"next": self._grid_next,
                           "compute_at_step_end": self._compute_at_step_end}}
@@ -341,6 +350,8 @@ class Pipeline:
         self.eval_calls = int(host["eval_calls"])
     if "counters" in host:
       p.metrics.restore_counters(host["counters"])
+    if host.get("regime") and p.regime is not None:
+      p.regime.load_state_dict(host["regime"])
     if "nonfinite" in host:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])

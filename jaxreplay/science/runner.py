@@ -56,6 +56,14 @@ RESULTS_FORMAT = 1
 CURVE_KEYS = ("step", "compute_seconds", "reward_mean", "buffer/replay_ratio",
               "buffer/staleness_mean", "buffer/staleness_max", "compute/gamma", "compute/mu",
               "compute/measured_mu", "sim/gamma", "sim/mu", "learning_rate", "entropy")
+# Keys of the thinned per-step rows a run's record keeps (besides every diag/* key): what explains
+# a curve (noise scale, staleness, reuse, clipping, KL).
+ROW_KEYS = ("step", "compute_seconds", "reward_mean", "batch/reward_mean", "loss", "grad_norm",
+            "entropy", "learning_rate", "clip_fraction", "ratio_mean", "ratio_max", "kl",
+            "tis_weight_mean", "tis_truncated_fraction", "buffer/staleness_mean",
+            "buffer/staleness_max", "buffer/batch_use_count_mean", "buffer/replay_ratio",
+            "buffer/size", "compute/gamma")
+MAX_ROWS = 120  # thinned rows per record beyond the diagnostics rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +325,21 @@ def _curve(rows: Sequence[dict]) -> list[dict]:
   return stats_lib.eval_rows(curve)
 
 
+def _thinned_rows(rows: Sequence[dict]) -> list[dict]:
+  """The per-step rows a record keeps: every row with regime diagnostics (diag/noise_scale, every
+  log.diagnostics_every steps) and every n-th of the others (at most MAX_ROWS), trimmed to ROW_KEYS
+  and diag/*."""
+  train = [r for r in rows if r.get("step", 0) > 0]
+  every = max(1, math.ceil(len(train) / MAX_ROWS))
+  out = []
+  for i, r in enumerate(train):
+    if "diag/noise_scale" in r or i % every == 0 or i == len(train) - 1:
+      row = {k: r[k] for k in ROW_KEYS if k in r}
+      row.update({k: v for k, v in r.items() if k.startswith("diag/")})
+      out.append(row)
+  return out
+
+
 def _run_stats(rows: Sequence[dict], done: dict) -> dict[str, Any]:
   """Per-run numbers for the summaries: final replay ratio, gamma, mu, steps and compute; mean
   batch staleness over the steps; wall seconds."""
@@ -335,13 +358,15 @@ RECORD = "record.json"
 
 def write_record(run_dir: str) -> dict[str, Any]:
   """Writes RUN/record.json: the run's curve (metrics rows at eval points), statistics and
-  resolved config, all results.json needs. It is small (~20 KB), so a sweep directory can be kept
-  in git without metrics.jsonl, checkpoints or TensorBoard files, and a fresh clone rebuilds
-  results.json and skips the finished runs."""
+  resolved config, all results.json needs, and its thinned per-step rows (`_thinned_rows`: the
+  regime diagnostics that explain a figure; kept here, not copied into results.json). It is small
+  (tens of KB), so a sweep directory can be kept in git without metrics.jsonl, checkpoints or
+  TensorBoard files, and a fresh clone rebuilds results.json and skips the finished runs."""
   done = _read_json(os.path.join(run_dir, "done.json")) or {}
   rows = metrics_lib.read_metrics(run_dir)
   record = _sanitize({"curve": _curve(rows), "stats": _run_stats(rows, done),
-                      "run_config": _read_json(os.path.join(run_dir, "run_config.json"))})
+                      "run_config": _read_json(os.path.join(run_dir, "run_config.json")),
+                      "rows": _thinned_rows(rows)})
   _write_json(os.path.join(run_dir, RECORD), record)
   return record
 
