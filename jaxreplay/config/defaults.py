@@ -174,6 +174,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    # pass@k / entropy samples (pass@1 only at the others; the final
                                    # evaluation always draws them); () = every evaluation
   c.eval.num_problems = 64
+  c.eval.pass1_problems = 0        # problems of the evaluations that draw pass@1 only (the compute
+                                   # grid's points outside eval.passk_grid): the first n of the
+                                   # held-out set; 0 = all of them
   c.eval.batch_size = 0            # sequences per JAX-sampler call of evaluation (its KV cache is
                                    # on a trainer device); 0 = rollout.sampler_batch_size
   c.eval.n_samples = 16

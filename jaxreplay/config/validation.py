@@ -280,6 +280,9 @@ def eval_errors(e) -> list[str]:
                   "(auto: the rollout engines when rollout.backend='vllm', else the trainer)")
   if e.batch_size < 0:
     errors.append(f"eval.batch_size={e.batch_size} must be >= 0 (0 = rollout.sampler_batch_size)")
+  if not 0 <= e.pass1_problems <= e.num_problems:
+    errors.append(f"eval.pass1_problems={e.pass1_problems} must be in [0, eval.num_problems="
+                  f"{e.num_problems}] (0 = all held-out problems at every evaluation)")
   return errors
 
 

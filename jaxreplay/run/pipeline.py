@@ -244,6 +244,9 @@ class Pipeline:
     trainer's JAX sampler or on the rollout engines (config.eval.backend)."""
     p, c = self.parts, self.config
     n_samples = c.eval.n_samples if self._passk_due else 0  # eval.passk_grid: pass@1 only
+    problems = p.eval_problems
+    if not n_samples and c.eval.get("pass1_problems", 0):  # pass@1-only points: a subset
+      problems = problems[:int(c.eval.pass1_problems)]
     settings = dict(n_samples=n_samples, ks=tuple(c.eval.ks),
                     temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
                     temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
@@ -251,11 +254,10 @@ class Pipeline:
     if p.eval_sampler is not None:  # eval.backend="trainer"
       p.eval_sampler.load_weights(Weights(self.step,
                                           params=sharding.local_params(self.state.params)))
-      return evaluation.evaluate(p.eval_sampler.generate, p.task, p.eval_problems, p.codec,
-                                 **settings)
-    return self._evaluate_on_engines(settings)
+      return evaluation.evaluate(p.eval_sampler.generate, p.task, problems, p.codec, **settings)
+    return self._evaluate_on_engines(settings, problems)
 
-  def _evaluate_on_engines(self, settings: dict[str, Any]) -> dict[str, float]:
+  def _evaluate_on_engines(self, settings: dict[str, Any], problems: list) -> dict[str, float]:
     """eval.backend="engines": the requests run as jobs on the schedule's rollout workers at this
     step's weights; with several workers (async) the problems are split into one chunk each."""
     if self.scheduler is None or not hasattr(self.scheduler, "run_jobs"):
@@ -272,8 +274,8 @@ class Pipeline:
       return out
 
     parallel = max(int(self.scheduler.job_parallelism), 1)
-    batch_size = -(-len(p.eval_problems) // parallel) if parallel > 1 else None
-    return evaluation.evaluate(None, p.task, p.eval_problems, p.codec, batch_size=batch_size,
+    batch_size = -(-len(problems) // parallel) if parallel > 1 else None
+    return evaluation.evaluate(None, p.task, problems, p.codec, batch_size=batch_size,
                                generate_many=generate_many, **settings)
 
   def _eval_weights(self) -> Weights:

@@ -239,6 +239,34 @@ def _sync_grid() -> Sweep:
                "x*, y*.", tuple(arms), baseline="n1_b1", figure="grid")
 
 
+LARGE_BATCH_CONFIG = "configs/scratchpad_large_batch.py"
+PARETO_LR_FACTORS = (1.0, 3.0, 10.0)
+
+
+def _lr_arm(family: str, factor: float, overrides: tuple = (), baseline: str = "") -> Arm:
+  lr = Derived(lambda c, f=factor: float(f"{f * c.trainer.learning_rate:.4g}"),
+               f"{_fmt(factor)} x the base learning rate")
+  return Arm(f"{family}_lr{_fmt(factor)}x", overrides + (("trainer.learning_rate", lr),),
+             baseline=baseline or f"onpolicy_lr{_fmt(factor)}x", family=family,
+             tags=(("lr_factor", factor),))
+
+
+def _pareto() -> Sweep:
+  """The decisive sweep (issue 26): each family at its own learning rates in the update-limited
+  regime (`configs/scratchpad_large_batch.py`: B = 512 >= the noise scale), paired with on-policy at
+  the same rate; the summary reads each family's best rate and whether the grid brackets it."""
+  families = (("onpolicy", ON_POLICY), ("replay", ()),
+              ("posbias", (("buffer.positive_fraction", 0.5),)))
+  arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
+               for f in PARETO_LR_FACTORS)
+  return Sweep("pareto", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5) and "
+               "the adaptive reuse controller, each over a learning-rate grid that brackets its "
+               "best rate, in the update-limited regime (B = 512 at or above the gradient noise "
+               "scale); equal compute (100 on-policy updates).", arms,
+               baseline=f"onpolicy_lr{_fmt(PARETO_LR_FACTORS[0])}x", min_seeds=4,
+               config=LARGE_BATCH_CONFIG, figure="pareto")
+
+
 def _sweeps() -> dict[str, Sweep]:
   replay = Arm("replay", family="replay")
   onpolicy = Arm("onpolicy", ON_POLICY, family="onpolicy")
@@ -259,6 +287,7 @@ def _sweeps() -> dict[str, Sweep]:
       _mu_sweep(),
       _lr_sweep(),
       _sync_grid(),
+      _pareto(),
   ]
   return {s.name: s for s in sweeps}
 
