@@ -106,6 +106,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
   c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
   c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
+  c.buffer.reuse_control = "off"   # run.reuse: off (the replay ratio the hardware split gives) |
+                                   # fixed (generation paced to reuse_target uses per rollout) |
+                                   # adaptive (reuse set online from the regime diagnostics)
+  c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
+  c.buffer.reuse_min = 1.0         # adaptive: the range of the uses per rollout
+  c.buffer.reuse_max = 4.0
+  c.buffer.reuse_kl_max = 0.02     # adaptive: behaviour KL (k3, nats/token) above which reuse drops
+  c.buffer.reuse_ess_min = 0.8     # adaptive: IS effective sample size below which reuse drops
+  c.buffer.reuse_update_kl_max = 0.01  # adaptive: update KL (nats/token) above which reuse drops
 
   c.trainer = ml_collections.ConfigDict()
   c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the

@@ -25,7 +25,7 @@ TRI_STATE = ("auto", "true", "false")
 def validate_config(c) -> None:
   """Config conflicts a user can make, caught before anything is built (one ValueError)."""
   errors = (run_errors(c) + model_errors(c.model) + task_errors(c.task) +
-            rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout) +
+            rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout, c.log) +
             trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
             devices_errors(c.devices) + log_errors(c))
   if errors:
@@ -192,10 +192,23 @@ def ray_errors(r) -> list[str]:
   return errors
 
 
-def buffer_errors(b, r) -> list[str]:
-  """buffer.*: N against B and against one request (`r`: the rollout section)."""
+def buffer_errors(b, r, log=None) -> list[str]:
+  """buffer.*: N against B and against one request (`r`: the rollout section), the reuse controller
+  (`log`: the log section, whose diagnostics the adaptive controller reads)."""
   from jaxreplay.data import buffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import reuse  # pylint: disable=g-import-not-at-top
   errors = []
+  try:
+    settings = reuse.ReuseSettings.from_config(b)
+  except ValueError as e:
+    errors.append(str(e))
+  else:
+    if settings.control != "off" and b.on_policy:
+      errors.append(f"buffer.reuse_control={settings.control!r} paces a replay buffer; the on-policy "
+                    "queue (buffer.on_policy=True) uses each rollout once: set one of them off")
+    if settings.control == "adaptive" and log is not None and log.diagnostics_every < 1:
+      errors.append("buffer.reuse_control='adaptive' decides from the regime diagnostics: set "
+                    "log.diagnostics_every >= 1 (e.g. 5)")
   if b.batch_size > b.size:
     errors.append(f"buffer.batch_size (B={b.batch_size}) > buffer.size (N={b.size}): "
                   "a batch can never be sampled; lower B or raise N (N >= B)")

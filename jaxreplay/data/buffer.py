@@ -51,6 +51,9 @@ METRIC_KEYS = (
     "buffer/use_count_mean",        # mean use count over evicted and held rollouts
     "buffer/evicted_use_count_mean",  # mean uses over a whole life (evicted rollouts; 0 if none)
     "buffer/held_use_count_mean",   # mean use count of the rollouts held now (0 if empty)
+    "buffer/evicted_unused",        # rollouts evicted without ever being sampled (wasted generation)
+    "buffer/never_used_fraction",   # (evicted unused + held unused) / total_added: the share of the
+                                    # generated rollouts not trained on (so far; exact at the end)
 )
 # Keys about the last sampled batch, present once a batch was sampled.
 BATCH_KEYS = (
@@ -153,6 +156,7 @@ class ReplayBuffer:
     self._total_sampled = 0
     self._evicted = 0
     self._evicted_use_sum = 0
+    self._evicted_unused = 0
     self._promoted = 0
     self._consumed = 0
 
@@ -211,11 +215,18 @@ class ReplayBuffer:
     if evicted:
       self._evicted += 1
       self._evicted_use_sum += int(self._slot_use[slot])
+      self._evicted_unused += int(self._slot_use[slot] == 0)
     self._items[slot] = None
     self._slot_uid[slot] = -1
     self._free.append(slot)
 
   # ---- sampling --------------------------------------------------------------------------------
+
+  @property
+  def total_added(self) -> int:
+    """Rollouts ever added (resumes included). Read without the lock (an int read is atomic), so
+    a gate that holds another lock may ask it (`run.reuse`)."""
+    return self._total_added
 
   def __len__(self) -> int:
     with self._cond:
@@ -365,6 +376,9 @@ class ReplayBuffer:
           "buffer/use_count_mean": (self._evicted_use_sum + int(held_use.sum())) / max(n_life, 1),
           "buffer/evicted_use_count_mean": self._evicted_use_sum / max(self._evicted, 1),
           "buffer/held_use_count_mean": float(held_use.mean()) if size else 0.0,
+          "buffer/evicted_unused": self._evicted_unused,
+          "buffer/never_used_fraction": ((self._evicted_unused + int(np.sum(held_use == 0)))
+                                         / max(self._total_added, 1)),
       }
       last = self._last_batch_stats
       if last is not None:
@@ -411,6 +425,7 @@ class ReplayBuffer:
           "total_sampled": self._total_sampled,
           "evicted": self._evicted,
           "evicted_use_count_sum": self._evicted_use_sum,
+          "evicted_unused": self._evicted_unused,
           "promoted": self._promoted,
           "consumed": self._consumed,
           "rng_state": np.array([st >> 64, st & _U64, inc >> 64, inc & _U64,
@@ -496,6 +511,8 @@ class ReplayBuffer:
                         ("_evicted_use_sum", "evicted_use_count_sum"), ("_promoted", "promoted"),
                         ("_consumed", "consumed")):
         setattr(self, attr, int(scalar(key)))
+      # A checkpoint from before the counter: its evicted rollouts' uses are unknown, counted as 0.
+      self._evicted_unused = int(state["evicted_unused"]) if "evicted_unused" in state else 0
       self._rng = np.random.Generator(np.random.PCG64())
       self._rng.bit_generator.state = rng_state
       self._last_batch_stats = None

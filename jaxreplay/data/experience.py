@@ -155,16 +155,19 @@ class Intake:
     prompts_per_request: P prompts per request; group_size: G completions per prompt.
     on_policy: the buffer is a queue: a request may start only when its rollouts, those in
       flight and those held fit the capacity (workers wait, as the paper's baseline does).
+    gate: `fn(rollouts in flight) -> bool`, whether a request may start (the reuse controller's
+      throttle, `run.reuse`); None = always.
   """
 
   def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,
                sampling: SamplingParams, prompts_per_request: int, group_size: int,
-               on_policy: bool = False):
+               on_policy: bool = False, gate: Optional[Callable[[int], bool]] = None):
     self.task, self.codec, self.prompts, self.buffer = task, codec, prompts, buffer
     self.advantage_fn, self.sampling = advantage_fn, sampling
     self.prompts_per_request, self.group_size = int(prompts_per_request), int(group_size)
     self.request_rollouts = self.prompts_per_request * self.group_size
     self.on_policy = bool(on_policy)
+    self.gate = gate
     self.next_group_id = 0
     self._in_flight = 0
     self._fresh_rewards: list[np.ndarray] = []
@@ -180,6 +183,8 @@ class Intake:
       return self._in_flight
 
   def _may_start(self) -> bool:
+    if self.gate is not None and not self.gate(self._in_flight):
+      return False
     if not self.on_policy:
       return True
     return len(self.buffer) + self._in_flight + self.request_rollouts <= self.buffer.capacity

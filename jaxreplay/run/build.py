@@ -29,6 +29,7 @@ from jaxreplay import models
 from jaxreplay.learner import optim
 from jaxreplay.run import metrics_row as run_metrics
 from jaxreplay.run import regime
+from jaxreplay.run import reuse
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
@@ -179,6 +180,7 @@ class Parts:
   buckets: tuple
   gen_seconds_per_rollout: float
   regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
+  reuse: Optional[Any] = None   # run.reuse.ReuseController
 
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
@@ -250,9 +252,16 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
+  reuse_controller = reuse.ReuseController(reuse.ReuseSettings.from_config(c.buffer),
+                                           c.buffer.batch_size,
+                                           c.rollout.prompts_per_request * c.rollout.group_size)
+  gate = None
+  if reuse_controller.active:
+    gate = lambda in_flight: reuse_controller.may_start_request(buf.total_added, in_flight)
   intake = Intake(task, codec, PromptSource(task, c.seed), buf,
                   make_advantage_fn(t.loss, options=loss_fn.options), sampling,
-                  c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy)
+                  c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy,
+                  gate=gate)
   accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
@@ -281,4 +290,5 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
       writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
       eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
-      gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics)
+      gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics,
+      reuse=reuse_controller)

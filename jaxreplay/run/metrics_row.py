@@ -23,7 +23,8 @@ Keys of a row, by source (units in brackets):
                                  config.scheduler.mu; sim/gamma the compute per update relative to
                                  on-policy, (1 + W/T) / (1 + mu) ("simulated", the paper's Table 1;
                                  1 for the on-policy queue, charged (1 + mu) C per update as in the
-                                 paper) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
+                                 paper; with buffer.reuse_control the spent compute per update over
+                                 (1 + mu)) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
                                  completion length the generation cost is calibrated at
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
@@ -48,6 +49,10 @@ Keys of a row, by source (units in brackets):
                                  shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
+  controller/*                   the reuse controller (`jaxreplay.run.reuse`, buffer.reuse_control):
+                                 controller/reuse_target (uses per rollout it paces to) every step;
+                                 at its decisions controller/signal (batch / noise scale),
+                                 controller/guards_fired, controller/reason (words)
   diag/*                         regime diagnostics (`jaxreplay.run.regime`), every
                                  log.diagnostics_every steps: diag/noise_scale (smoothed B_simple
                                  [rollouts]), diag/noise_scale_raw, diag/batch_over_noise_scale,
@@ -215,6 +220,11 @@ class RunMetrics:
     mu = c.scheduler.mu
     if c.scheduler.kind == "simulated" and c.buffer.on_policy:
       gamma = 1.0  # the baseline: each update pays its B rollouts' generation, (1 + mu) C
+    elif c.scheduler.kind == "simulated" and c.buffer.get("reuse_control", "off") != "off":
+      # Paced generation (run.reuse): the compute spent per update over the on-policy (1 + mu).
+      s = self.sim_state
+      gamma = ((s.generation_device_seconds + s.training_device_seconds)
+               / ((1.0 + mu) * s.training_device_seconds)) if s.training_device_seconds else 1.0
     elif c.scheduler.kind == "simulated":
       gamma = accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
     elif c.scheduler.kind == "sync":

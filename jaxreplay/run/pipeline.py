@@ -111,7 +111,10 @@ class Pipeline:
       probe.check_groups(self.state.params, groups)
 
   def can_train(self) -> bool:
-    return len(self.parts.buffer) >= self.config.buffer.batch_size
+    p = self.parts
+    if p.reuse is not None and not p.reuse.may_train(p.buffer.total_added):
+      return False  # the reuse controller waits for fresh rollouts
+    return len(p.buffer) >= self.config.buffer.batch_size
 
   def train_step(self, now: float) -> StepResult:
     """Samples a batch from the buffer and takes one gradient step on it."""
@@ -157,6 +160,10 @@ class Pipeline:
       diag.update(p.regime.after_update(self.state.params))
       diag["time/diagnostics_s"] = time.perf_counter() - t3 + t_step - t2
       step_metrics.update(diag)
+    if p.reuse is not None and p.reuse.active:
+      step_metrics.update(p.reuse.decide(diag, self.step) if diag else
+                          {"controller/reuse_target": p.reuse.rho})
+      p.reuse.stepped()
     self.step += 1
     p.metrics.timing.update(sample_s=sample_s, collate_s=t2 - t1, step_s=t3 - t_step)
     p.accountant.add_training((t3 - t_step) * c.trainer.num_devices, int(np.sum(batch.segment_ids > 0)),
@@ -304,6 +311,7 @@ class Pipeline:
                            else self.eval_calls),
             "counters": p.metrics.counters(),
             "regime": p.regime.state_dict() if p.regime is not None else None,
+            "reuse": p.reuse.state_dict() if p.reuse is not None else None,
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
             "eval_grid": {"next": self._grid_next,
                           "compute_at_step_end": self._compute_at_step_end}}
@@ -354,6 +362,8 @@ class Pipeline:
       p.metrics.restore_counters(host["counters"])
     if host.get("regime") and p.regime is not None:
       p.regime.load_state_dict(host["regime"])
+    if host.get("reuse") and p.reuse is not None:
+      p.reuse.load_state_dict(host["reuse"])
     if "nonfinite" in host:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])

@@ -256,7 +256,8 @@ def _pareto() -> Sweep:
   regime (`configs/scratchpad_large_batch.py`: B = 512 >= the noise scale), paired with on-policy at
   the same rate; the summary reads each family's best rate and whether the grid brackets it."""
   families = (("onpolicy", ON_POLICY), ("replay", ()),
-              ("posbias", (("buffer.positive_fraction", 0.5),)))
+              ("posbias", (("buffer.positive_fraction", 0.5),)),
+              ("adaptive", (("buffer.reuse_control", "adaptive"),)))
   arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
                for f in PARETO_LR_FACTORS)
   return Sweep("pareto", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5) and "

@@ -1,0 +1,156 @@
+"""The reuse controller: how many times each rollout is trained on, paced or set online.
+
+Without it (buffer.reuse_control="off") the replay ratio is whatever the hardware split makes it:
+W workers generate as fast as they can and T trainer devices sample B rollouts per step, so each
+rollout is used ~mu T / W times, and when generation outruns training rollouts are evicted
+unused (their compute wasted; `buffer/never_used_fraction`).
+
+With it, generation is paced against training so that the run's replay ratio is a chosen rho
+(rollouts generated per update R = B / rho; each update then costs (1 + mu / rho) training units,
+the theory's c = B + mu R at B / R = rho):
+  - a worker may start a request only while the rollouts added and in flight stay within one
+    update's worth (B / rho + one request) of what the next update needs (the throttle: no
+    rollout is generated that training will not reach, staleness stays bounded);
+  - the trainer takes step t + 1 only once B + sum_{s <= t} B / rho_s rollouts have been added
+    (it waits for fresh data when rho is below the hardware's natural ratio).
+Idle devices are not charged: compute is active device-seconds (generation + training), as for
+every arm, so a paced run is charged exactly what it generates and trains.
+
+buffer.reuse_control:
+  "fixed"     rho = buffer.reuse_target for the whole run (a design point, like the sync grid's
+              B / R).
+  "adaptive"  rho starts at buffer.reuse_target and is re-decided at every regime measurement
+              (`run.regime`, log.diagnostics_every steps), from what is measured:
+                signal = B / noise_scale (diag/batch_over_noise_scale): the batch against the
+                gradient noise scale. Below 1/4 the batch gradient is noise-dominated: fresh
+                samples buy progress and reuse cannot (rho -> reuse_min); at 2 and above one
+                update's gradient is mostly signal and updates are scarce (rho -> reuse_max);
+                log-linear in between.
+                staleness guards, each lowering rho by a third when it fires: the batch's
+                behaviour KL (k3) above reuse_kl_max, the importance weights' ESS below
+                reuse_ess_min, or one update moving the policy by more than reuse_update_kl_max
+                (old rollouts go stale fast).
+              rho moves by at most 1.5x per decision and stays in [reuse_min, reuse_max]; every
+              decision is logged with its reason (controller/* keys, and a log line in words).
+The controller's state (rho, the rollouts the steps so far required) is checkpointed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from absl import logging
+
+REUSE_CONTROLS = ("off", "fixed", "adaptive")
+SIGNAL_LOW, SIGNAL_HIGH = 0.25, 2.0   # batch / noise scale where rho = reuse_min / reuse_max
+MAX_MOVE = 1.5                        # largest change of rho per decision (factor)
+GUARD_CUT = 2.0 / 3.0                 # the factor a firing staleness guard applies
+
+
+@dataclasses.dataclass(frozen=True)
+class ReuseSettings:
+  """The buffer.reuse_* keys (see config/defaults.py)."""
+  control: str = "off"
+  target: float = 2.0
+  reuse_min: float = 1.0
+  reuse_max: float = 4.0
+  kl_max: float = 0.02
+  ess_min: float = 0.8
+  update_kl_max: float = 0.01
+
+  def __post_init__(self):
+    if self.control not in REUSE_CONTROLS:
+      raise ValueError(f"buffer.reuse_control={self.control!r}: expected one of {REUSE_CONTROLS}")
+    if not 1.0 <= self.reuse_min <= self.reuse_max:
+      raise ValueError(f"buffer.reuse_min={self.reuse_min}, buffer.reuse_max={self.reuse_max}: "
+                       "need 1 <= reuse_min <= reuse_max (uses per rollout)")
+    if not self.reuse_min <= self.target <= self.reuse_max and self.control != "off":
+      raise ValueError(f"buffer.reuse_target={self.target} must be in [reuse_min, reuse_max] = "
+                       f"[{self.reuse_min}, {self.reuse_max}]")
+    if self.kl_max <= 0 or self.update_kl_max <= 0 or not 0 < self.ess_min <= 1:
+      raise ValueError("buffer.reuse_kl_max and buffer.reuse_update_kl_max must be > 0 and "
+                       f"buffer.reuse_ess_min in (0, 1]; got {self.kl_max}, {self.update_kl_max}, "
+                       f"{self.ess_min}")
+
+  @classmethod
+  def from_config(cls, b) -> "ReuseSettings":
+    return cls(control=str(b.reuse_control), target=float(b.reuse_target),
+               reuse_min=float(b.reuse_min), reuse_max=float(b.reuse_max),
+               kl_max=float(b.reuse_kl_max), ess_min=float(b.reuse_ess_min),
+               update_kl_max=float(b.reuse_update_kl_max))
+
+
+def signal_target(signal: float, reuse_min: float, reuse_max: float) -> float:
+  """rho from the batch / noise-scale signal alone: reuse_min at or below SIGNAL_LOW, reuse_max at
+  or above SIGNAL_HIGH, log-linear in between; reuse_min for an undefined signal (NaN)."""
+  if not math.isfinite(signal) or signal <= SIGNAL_LOW:
+    return reuse_min
+  u = min(1.0, math.log(signal / SIGNAL_LOW) / math.log(SIGNAL_HIGH / SIGNAL_LOW))
+  return reuse_min + u * (reuse_max - reuse_min)
+
+
+class ReuseController:
+  """Paces generation against training (module docstring). Thread-safe use: the gates are read by
+  worker threads; the counters they read are the buffer's and the intake's (locked there)."""
+
+  def __init__(self, settings: ReuseSettings, batch_size: int, request_rollouts: int):
+    self.settings = settings
+    self.batch_size, self.request_rollouts = int(batch_size), int(request_rollouts)
+    self.rho = float(settings.target)
+    self.required = float(batch_size)  # rollouts that must have been added for the next step
+    self.last: dict[str, Any] = {}
+
+  @property
+  def active(self) -> bool:
+    return self.settings.control != "off"
+
+  def may_start_request(self, added: int, in_flight: int) -> bool:
+    """The worker gate: one more request may start (the throttle)."""
+    if not self.active:
+      return True
+    ahead = self.batch_size / self.rho + self.request_rollouts
+    return added + in_flight + self.request_rollouts <= self.required + ahead
+
+  def may_train(self, added: int) -> bool:
+    """The trainer gate: enough rollouts were added for the next step."""
+    return not self.active or added >= self.required - 1e-9
+
+  def stepped(self) -> None:
+    """One update was taken: the next needs B / rho more fresh rollouts."""
+    if self.active:
+      self.required += self.batch_size / self.rho
+
+  def decide(self, diag: Mapping[str, float], step: int) -> dict[str, Any]:
+    """Re-decides rho from a regime measurement (adaptive only); returns the controller/* keys."""
+    s = self.settings
+    if s.control != "adaptive":
+      return {"controller/reuse_target": self.rho} if self.active else {}
+    signal = float(diag.get("diag/batch_over_noise_scale", float("nan")))
+    want = signal_target(signal, s.reuse_min, s.reuse_max)
+    reasons = [f"batch/noise scale {signal:.3g} -> rho {want:.3g}"]
+    guards = (("diag/behaviour_kl_k3", lambda v: v > s.kl_max, f"behaviour KL > {s.kl_max:g}"),
+              ("diag/is_ess", lambda v: v < s.ess_min, f"IS ESS < {s.ess_min:g}"),
+              ("diag/update_kl", lambda v: v > s.update_kl_max,
+               f"update KL > {s.update_kl_max:g}"))
+    fired = 0
+    for key, test, text in guards:
+      v = diag.get(key)
+      if v is not None and math.isfinite(v) and test(v):
+        want = min(want, self.rho) * GUARD_CUT
+        reasons.append(f"{text} ({v:.3g}): stale, cut")
+        fired += 1
+    new = min(max(want, self.rho / MAX_MOVE, s.reuse_min), self.rho * MAX_MOVE, s.reuse_max)
+    if abs(new - self.rho) > 1e-9:
+      logging.info("reuse controller at step %d: rho %.3g -> %.3g (%s)", step, self.rho, new,
+                   "; ".join(reasons))
+    self.rho = new
+    self.last = {"controller/reuse_target": new, "controller/signal": signal,
+                 "controller/guards_fired": float(fired), "controller/reason": "; ".join(reasons)}
+    return dict(self.last)
+
+  def state_dict(self) -> dict[str, float]:
+    return {"rho": self.rho, "required": self.required}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    self.rho, self.required = float(state["rho"]), float(state["required"])
