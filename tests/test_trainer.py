@@ -354,8 +354,8 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="tis_cap=2.0 is an option of loss 'grpo', not of 'asymre'"):
-    trainer.make_loss_fn("asymre", tis_cap=2.0)
+  with pytest.raises(ValueError, match="eps_high=0.3 is an option of loss 'grpo', not of 'asymre'"):
+    trainer.make_loss_fn("asymre", eps_high=0.3)
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
     trainer.make_loss_fn(tis_cap=-1.0)
   with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):

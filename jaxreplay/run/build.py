@@ -220,8 +220,10 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
+                                       logprob_processing=trainer.logprob_processing(c),
                                        **trainer.step_options(t))
-  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
+  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk,
+                                       logprob_processing=trainer.logprob_processing(c))
 
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                              max_to_keep=c.checkpoint.keep)
@@ -236,7 +238,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
 
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
-                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order)
+                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order,
+                                **buffer_lib.sampler_options(c.buffer))
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
