@@ -2,6 +2,8 @@
 `configs/tiny.py` through `python -m jaxreplay.launch`, as `tiny_runs` launches them) and logs its
 masked / truncated fraction or its buffer metric."""
 import math
+import signal
+import time
 
 import pytest
 
@@ -45,3 +47,35 @@ def test_option_runs_in_the_tiny_default(tmp_path, name):
       assert key in row, (key, sorted(row))
       if key.endswith("fraction"):
         assert 0.0 <= row[key] <= 1.0, (key, row[key])
+
+
+def test_corrections_and_samplers_resume_exactly(tmp_path):
+  """A run with the samplers and a correction on, stopped by SIGTERM after its first steps and
+  resumed, writes the rows of an uninterrupted run (the buffer's retired count, group reward
+  ranges and draws continue from its checkpoint)."""
+  opts = ("--config.buffer.priority=fresh", "--config.buffer.max_uses=2",
+          "--config.buffer.replace_zero_variance=True", "--config.trainer.off_policy=m2po",
+          "--config.checkpoint.every=0")
+  ref, work = str(tmp_path / "ref"), str(tmp_path / "term")
+  tiny_runs.run_launch(ref, *opts)
+  proc = tiny_runs.start(work, *opts)
+  deadline = time.monotonic() + 300
+  while not any(r["step"] >= 2 for r in _rows(work)):
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+  stopped_at = tiny_runs.read_rows(work)[-1]["step"]
+  assert 2 <= stopped_at < 6
+  tiny_runs.run_launch(work, *opts)
+  rows, ref_rows = tiny_runs.read_rows(work), tiny_runs.read_rows(ref)
+  assert [r["step"] for r in rows] == list(range(7))
+  assert [tiny_runs.comparable(r) for r in rows] == [tiny_runs.comparable(r) for r in ref_rows]
+  assert rows[-1]["buffer/retired"] > 0
+
+
+def _rows(workdir):
+  try:
+    return tiny_runs.read_rows(workdir)
+  except (OSError, ValueError):
+    return []
