@@ -11,6 +11,7 @@ import pytest
 
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
+from jaxreplay.learner import corrections
 from jaxreplay.data import experience
 from jaxreplay.learner import losses
 
@@ -611,7 +612,8 @@ class AlgorithmsTest(chex.TestCase):
     adv = x["advantages"].astype(np.float64)[:, None]
     normalizer = 50.0 if aggregation == "constant" else None
     kw = dict(aggregation=aggregation, normalizer=normalizer, kl_coef=kl_coef if with_kl else 0.0,
-              options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH, tis_cap=cap))
+              options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH),
+              off_policy=corrections.OffPolicyOptions(tis_cap=cap))
     ref_arg = x["ref_logprobs"] if with_kl else None
     loss_fn = functools.partial(algorithms.ALGORITHMS["grpo"].loss, **kw)
 
@@ -655,5 +657,9 @@ class AlgorithmsTest(chex.TestCase):
     returned |= set(losses.asymre_loss(x["logprobs"], x["advantages"], x["mask"], kl_coef=0.1,
                                        ref_logprobs=x["ref_logprobs"],
                                        behaviour_logprobs=x["behaviour_logprobs"])[1])
+    for mode in corrections.OFF_POLICY_MODES:  # the corrections' statistics, with either loss
+      for name in algorithms.ALGORITHMS:
+        returned |= set(algorithms.ALGORITHMS[name].loss(
+            x["logprobs"], as_batch(x), off_policy=corrections.OffPolicyOptions(mode))[1])
     self.assertEqual(returned, set(losses.AUX_KINDS))
     self.assertTrue(set(losses.AUX_KINDS.values()) <= set(losses.AUX_KIND_NAMES))

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from jaxreplay.learner import batch as batch_lib
+from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
@@ -354,8 +355,8 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="tis_cap=2.0 is an option of loss 'grpo', not of 'asymre'"):
-    trainer.make_loss_fn("asymre", tis_cap=2.0)
+  with pytest.raises(ValueError, match="eps_high=0.3 is an option of loss 'grpo', not of 'asymre'"):
+    trainer.make_loss_fn("asymre", eps_high=0.3)
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
     trainer.make_loss_fn(tis_cap=-1.0)
   with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):
@@ -440,6 +441,29 @@ def test_tis_microbatches_equal_the_whole_batch(data):
     np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=1e-7, err_msg=key)
   chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
   chex.assert_trees_all_close(micro.params, whole.params, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode,key,cap", [("mis_token", "mis_masked_fraction", 1.3),
+                                          ("mis_sequence", "mis_masked_sequence_fraction", 3.0),
+                                          ("decoupled", "decoupled_masked_fraction", 1.3),
+                                          ("m2po", "m2po_second_moment", 2.0)])
+def test_corrections_in_the_step_and_microbatches(data, mode, key, cap):
+  """Per-token and per-sequence corrections are exact under gradient accumulation (a micro-batch
+  holds whole rows); m2po thresholds each micro-batch (its statistics still combine exactly)."""
+  rows = np.array([0, 1, 2, 3, 4, B - 1])
+  batch = jax.tree.map(lambda x: x[rows], data["batch"])
+  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(
+      mode, off_policy_cap=cap, m2po_threshold=0.02))
+  _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
+  _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
+  assert key in want and set(got) == set(want)
+  assert 0.0 < want[key] < 1.0
+  if mode == "m2po":
+    np.testing.assert_allclose(got[key], want[key], rtol=2e-5)
+    return
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-7, err_msg=k)
+  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
 
 
 def test_nonfinite_update_is_skipped_and_counted(data):

@@ -115,6 +115,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.reuse_kl_max = 0.02     # adaptive: behaviour KL (k3, nats/token) above which reuse drops
   c.buffer.reuse_ess_min = 0.8     # adaptive: IS effective sample size below which reuse drops
   c.buffer.reuse_update_kl_max = 0.01  # adaptive: update KL (nats/token) above which reuse drops
+  c.buffer.priority = "uniform"    # how a batch is drawn from what is held: uniform | fresh
+                                   # (priority exp(-age / fresh_tau), age in updates; successive
+                                   # sampling without replacement, jaxreplay.data.buffer)
+  c.buffer.fresh_tau = 4.0         # priority "fresh": the age decay tau [updates]
+  c.buffer.max_uses = 0            # a rollout leaves the buffer after this many uses; 0 = no cap
+  c.buffer.replace_zero_variance = False  # True: rollouts of groups whose rewards are all equal
+                                   # are drawn only when the other groups hold fewer than B
+                                   # (DAPO's dynamic sampling without extra generation)
 
   c.trainer = ml_collections.ConfigDict()
   c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the
@@ -127,8 +135,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.adv_eps = 1e-6
   c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
   c.trainer.kl_coef = 0.0
-  c.trainer.tis_cap = 0.0          # grpo: truncated IS, token weight min(pi_theta/pi_sampler, C);
-                                   # 0 = off, 2.0 is common (trainer.make_loss_fn)
+  c.trainer.tis_cap = 0.0          # truncated IS, token weight min(pi_theta/pi_sampler, C): with
+                                   # off_policy "none" it turns "tis" on; 0 = off, 2.0 is common
+                                   # (trainer.make_loss_fn)
+  c.trainer.off_policy = "none"    # off-policy correction (jaxreplay.learner.corrections): none |
+                                   # tis | mis_token | mis_sequence | m2po | decoupled
+  c.trainer.off_policy_cap = 2.0   # c > 1 [ratio]: mis_* mask ratios outside [1/c, c], decoupled
+                                   # filters behaviour weights > c, tis truncates at c (tis_cap 0)
+  c.trainer.m2po_threshold = 0.04  # m2po: bound on the mean squared log-ratio of the kept tokens
+                                   # [nats^2] (the M2PO paper: 0.04)
+  c.trainer.sampling_logprobs = "processed"  # the trainer's log-probs in the ratio: processed (of
+                                   # the rollouts' sampling distribution: rollout.temperature,
+                                   # top_k, top_p on its own logits, as the samplers store them) |
+                                   # raw (softmax of the raw logits; before issue 27). Identical
+                                   # at temperature 1 without top-k / top-p
   c.trainer.learning_rate = 1e-6
   c.trainer.warmup_steps = 0
   c.trainer.schedule = "constant"  # constant | cosine

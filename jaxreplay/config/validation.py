@@ -221,6 +221,15 @@ def buffer_errors(b, r, log=None) -> list[str]:
   if b.on_policy_order not in buffer.CONSUME_ORDERS:
     errors.append(f"buffer.on_policy_order={b.on_policy_order!r}: expected one of "
                   f"{buffer.CONSUME_ORDERS}")
+  if b.priority not in buffer.PRIORITIES:
+    errors.append(f"buffer.priority={b.priority!r}: expected one of {buffer.PRIORITIES}")
+  if not b.fresh_tau > 0:
+    errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
+  if b.max_uses < 0:
+    errors.append(f"buffer.max_uses={b.max_uses} must be >= 0 (0 = no cap)")
+  if b.on_policy and (b.priority != "uniform" or b.max_uses or b.replace_zero_variance):
+    errors.append("buffer.on_policy=True uses each rollout once: buffer.priority, max_uses and "
+                  "replace_zero_variance do not apply; leave them at 'uniform', 0, False")
   return errors
 
 
@@ -233,14 +242,24 @@ def trainer_errors(t, c) -> list[str]:
   if t.get("logprob_remat", "auto") not in logprobs.REMAT_MODES:
     errors.append(f"trainer.logprob_remat={t.logprob_remat!r}: expected one of "
                   f"{logprobs.REMAT_MODES}")
+  if t.sampling_logprobs not in trainer.SAMPLING_LOGPROBS:
+    errors.append(f"trainer.sampling_logprobs={t.sampling_logprobs!r}: expected one of "
+                  f"{trainer.SAMPLING_LOGPROBS}")
+  elif t.sampling_logprobs == "processed":
+    try:
+      trainer.logprob_processing(c)
+    except ValueError as e:
+      errors.append(f"trainer.sampling_logprobs='processed' with rollout.temperature="
+                    f"{c.rollout.temperature}: {e}; sample at a temperature >= 1e-5 or set "
+                    "trainer.sampling_logprobs='raw'")
   if t.get("nonfinite_check", "grads") not in trainer.NONFINITE_CHECKS:
     errors.append(f"trainer.nonfinite_check={t.nonfinite_check!r}: expected one of "
                   f"{trainer.NONFINITE_CHECKS}")
   if t.loss not in algorithms.ALGORITHMS:
     errors.append(f"trainer.loss={t.loss!r}: expected one of {tuple(algorithms.ALGORITHMS)}")
   else:
-    try:
-      algorithms.options_from_config(t)
+    try:  # the algorithm's options, the off-policy correction and their combination
+      trainer.loss_fn_from_config(t)
     except (ValueError, TypeError) as e:
       errors.append(str(e))
     if c.rollout.group_size < 2 and t.loss == "grpo":

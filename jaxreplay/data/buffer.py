@@ -13,7 +13,28 @@ Regions (`positive_fraction = delta`):
   positive  up to n_positive = floor(delta * N) rollouts with reward > 0 that have left the recent
             region (FIFO): a rollout evicted from the recent region moves here if its reward is > 0
             (evicting the oldest positive when full); a non-positive one is dropped.
-Sampling is uniform over everything held (both regions).
+Sampling is uniform over everything held (both regions), unless a sampler option is set:
+
+Samplers (`buffer.priority`, `buffer.max_uses`, `buffer.replace_zero_variance`; combinable with
+each other and with the positive bias, which only decides what is held):
+  priority="fresh"        rollout i is drawn with priority w_i = exp(-age_i / fresh_tau), age_i =
+                          current_version - policy_version_i in updates (FreshPER-style age decay;
+                          the normalised distribution depends only on version differences, so
+                          current_version does not matter and defaults to the newest held).
+  max_uses=k > 0          a rollout leaves the buffer right after its k-th use ("buffer/retired").
+  replace_zero_variance   rollouts of groups whose rewards are all equal (no GRPO signal) are not
+                          drawn while others are: the batch takes its B rollouts from the other
+                          groups when they hold >= B, else all of those plus B - n from the
+                          zero-variance ones (DAPO's dynamic sampling, arXiv 2503.14476 section 3.2,
+                          without extra generation). A group's rewards are those of every member
+                          added while any member is held.
+The exact distribution of a weighted draw of B distinct rollouts is successive sampling
+(Plackett-Luce, `random.sample` with weights): the first is drawn with probability w_i / sum_j w_j,
+each next one from those not yet drawn in proportion to their weights; implemented by Gumbel-top-k
+(the B largest log w_i + G_i, G_i iid standard Gumbel, in decreasing order), which has exactly this
+distribution (Yellott 1977; Kool, van Hoof, Welling, arXiv 1903.06059). Uniform draws
+(priority="uniform") use numpy's `choice(..., replace=False)` as without the options, so a run with
+every sampler option at its default draws the same batches as before issue 27.
 
 `consume=True` turns the buffer into the on-policy baseline's queue: `sample` pops B rollouts, so
 each rollout is used once and the trainer waits for fresh data. `consume_order="lifo"` (the paper's
@@ -72,8 +93,18 @@ HELD_STALENESS_KEYS = (
     "buffer/held_staleness_mean",
     "buffer/held_staleness_max",
 )
+# Keys present with max_uses > 0.
+MAX_USES_KEYS = (
+    "buffer/retired",               # rollouts removed after their max_uses-th use
+)
+# Keys present with replace_zero_variance.
+ZERO_VARIANCE_KEYS = (
+    "buffer/zero_variance_fraction",  # share of held rollouts whose group's rewards are all equal
+    "buffer/batch_zero_variance_fraction",  # the same share in the last batch (once sampled)
+)
 
 CONSUME_ORDERS = ("lifo", "fifo")
+PRIORITIES = ("uniform", "fresh")  # buffer.priority
 _STATE_FORMAT = 1
 _STATE_KEYS = (
     "format", "capacity", "positive_fraction", "consume", "recent_count", "positive_count",
@@ -81,11 +112,30 @@ _STATE_KEYS = (
     "consumed", "rng_state", "uid", "use_count", "reward", "advantage", "policy_version",
     "group_id", "prompt_len", "completion_len", "prompt_tokens", "completion_tokens", "logprobs",
 )
+# Keys added by issue 27; a state without them (an older checkpoint) loads with: no rollout
+# retired, and each held group's reward range taken from its held members.
+_OPTIONAL_STATE_KEYS = ("retired", "retired_use_count_sum", "group_stats_id", "group_stats_min",
+                        "group_stats_max")
 _U64 = (1 << 64) - 1
 
 
 class BufferClosedError(RuntimeError):
   """Raised by `sample`/`add` after `ReplayBuffer.close()` (the pipeline is shutting down)."""
+
+
+def sampler_options(buffer_config: Any) -> dict[str, Any]:
+  """`ReplayBuffer`'s sampler keyword options from the config's `buffer` section."""
+  return {"priority": str(buffer_config.get("priority", "uniform")),
+          "fresh_tau": float(buffer_config.get("fresh_tau", 4.0)),
+          "max_uses": int(buffer_config.get("max_uses", 0)),
+          "replace_zero_variance": bool(buffer_config.get("replace_zero_variance", False))}
+
+
+def successive_sampling(rng: np.random.Generator, log_weights: np.ndarray, k: int) -> np.ndarray:
+  """k distinct indices of `log_weights` [n] drawn by successive sampling (module docstring), in
+  draw order: the k largest log_weights + Gumbel noise (Gumbel-top-k). int64 [k]."""
+  keys = np.asarray(log_weights, np.float64) + rng.gumbel(size=len(log_weights))
+  return np.argsort(-keys, kind="stable")[:k].astype(np.int64)
 
 
 def _region_sizes(capacity: int, positive_fraction: float) -> tuple[int, int]:
@@ -104,10 +154,16 @@ class ReplayBuffer:
     consume: the on-policy queue: `sample` removes the B rollouts it returns.
     consume_order: which B a consuming `sample` pops: "lifo" (the newest, the paper's baseline) or
       "fifo" (the oldest).
+    priority: "uniform" or "fresh" (draw priority exp(-age / fresh_tau), module docstring).
+    fresh_tau: tau > 0 of priority "fresh" [updates].
+    max_uses: k > 0: a rollout leaves after its k-th use; 0 = no cap.
+    replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
+  The sampler options do not apply to a consuming queue (each rollout is used once there).
   """
 
   def __init__(self, capacity: int, seed: int = 0, positive_fraction: float = 0.0,
-               consume: bool = False, consume_order: str = "lifo"):
+               consume: bool = False, consume_order: str = "lifo", priority: str = "uniform",
+               fresh_tau: float = 4.0, max_uses: int = 0, replace_zero_variance: bool = False):
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
       raise ValueError(f"capacity={capacity!r} must be a positive int (rollouts)")
     positive_fraction = float(positive_fraction)
@@ -126,6 +182,18 @@ class ReplayBuffer:
                        "set positive_fraction=0")
     if consume_order not in CONSUME_ORDERS:
       raise ValueError(f"consume_order={consume_order!r}; expected one of {CONSUME_ORDERS}")
+    if priority not in PRIORITIES:
+      raise ValueError(f"priority={priority!r}; expected one of {PRIORITIES}")
+    if not 0.0 < float(fresh_tau) < math.inf:
+      raise ValueError(f"fresh_tau={fresh_tau} must be > 0 [updates] (priority exp(-age / tau))")
+    if isinstance(max_uses, bool) or int(max_uses) != max_uses or max_uses < 0:
+      raise ValueError(f"max_uses={max_uses!r} must be an int >= 0 (0 = no cap)")
+    if consume and (priority != "uniform" or max_uses or replace_zero_variance):
+      raise ValueError("consume=True (the on-policy queue) uses each rollout once, newest or oldest "
+                       "first: priority, max_uses and replace_zero_variance do not apply; leave "
+                       "them at 'uniform', 0, False")
+    self.priority, self.fresh_tau = priority, float(fresh_tau)
+    self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
     self.capacity = int(capacity)
     self.positive_fraction = positive_fraction
     self.consume = bool(consume)
@@ -144,6 +212,8 @@ class ReplayBuffer:
     self._slot_uid = np.full(n, -1, np.int64)
     self._slot_version = np.zeros(n, np.int64)
     self._slot_use = np.zeros(n, np.int64)
+    self._slot_group = np.zeros(n, np.int64)
+    self._groups: dict[int, list] = {}  # group id -> [min reward, max reward, members held]
     self._free = list(range(n - 1, -1, -1))  # a stack of free slot ids
     self._recent = np.zeros(self.n_recent, np.int64)  # ring of slot ids, oldest at the head
     self._recent_head = 0
@@ -159,6 +229,8 @@ class ReplayBuffer:
     self._evicted_unused = 0
     self._promoted = 0
     self._consumed = 0
+    self._retired = 0
+    self._retired_use_sum = 0
 
   # ---- adding ----------------------------------------------------------------------------------
 
@@ -207,18 +279,60 @@ class ReplayBuffer:
     self._slot_uid[slot] = item.uid
     self._slot_version[slot] = item.policy_version
     self._slot_use[slot] = 0
+    self._hold_group(slot, item)
     self._recent[(self._recent_head + self._recent_count) % self.n_recent] = slot
     self._recent_count += 1
     return item.uid
+
+  def _hold_group(self, slot: int, item: Rollout) -> None:
+    """Records `item` (now in `slot`) in its group's reward range and held count."""
+    gid, reward = int(item.group_id), float(item.reward)
+    self._slot_group[slot] = gid
+    g = self._groups.get(gid)
+    if g is None:
+      self._groups[gid] = [reward, reward, 1]
+    else:
+      g[0], g[1], g[2] = min(g[0], reward), max(g[1], reward), g[2] + 1
 
   def _drop(self, slot: int, evicted: bool):
     if evicted:
       self._evicted += 1
       self._evicted_use_sum += int(self._slot_use[slot])
       self._evicted_unused += int(self._slot_use[slot] == 0)
+    gid = int(self._slot_group[slot])
+    g = self._groups.get(gid)
+    if g is not None:
+      g[2] -= 1
+      if g[2] <= 0:
+        del self._groups[gid]
     self._items[slot] = None
     self._slot_uid[slot] = -1
     self._free.append(slot)
+
+  def _retire(self, slots: np.ndarray) -> None:
+    """Removes `slots` (used max_uses times) from both regions, keeping the FIFO order of the rest."""
+    if not slots.size:
+      return
+    def compact(ring, head, count, size):
+      order = ring[(head + np.arange(count)) % size] if count else ring[:0]
+      kept = order[~np.isin(order, slots)]
+      ring[:kept.size] = kept
+      return 0, int(kept.size)
+    self._recent_head, self._recent_count = compact(self._recent, self._recent_head,
+                                                    self._recent_count, self.n_recent)
+    if self.n_positive:
+      self._pos_head, self._pos_count = compact(self._pos, self._pos_head, self._pos_count,
+                                                self.n_positive)
+    for s in slots.tolist():
+      self._retired += 1
+      self._retired_use_sum += int(self._slot_use[s])
+      self._drop(s, evicted=False)
+
+  def _zero_variance(self, slots: np.ndarray) -> np.ndarray:
+    """bool [len(slots)]: whether each slot's group has all rewards equal."""
+    groups = self._groups
+    return np.fromiter((groups[g][0] == groups[g][1] for g in self._slot_group[slots].tolist()),
+                       bool, count=len(slots))
 
   # ---- sampling --------------------------------------------------------------------------------
 
@@ -289,9 +403,11 @@ class ReplayBuffer:
         else:
           logical = np.arange(batch_size)
         slots = self._recent[(self._recent_head + logical) % self.n_recent]
-      else:
+      elif self.priority == "uniform" and not self.replace_zero_variance:
         idx = self._rng.choice(self._size(), size=batch_size, replace=False)
         slots = self._logical_slots(np.asarray(idx, np.int64))
+      else:
+        slots = self._draw(batch_size)
       self._slot_use[slots] += 1
       use = self._slot_use[slots].copy()
       out = [self._items[s] for s in slots.tolist()]
@@ -307,7 +423,11 @@ class ReplayBuffer:
         stats.update(current_version=int(current_version), staleness=st,
                      staleness_mean=float(st.mean()), staleness_max=int(st.max()),
                      staleness_min=int(st.min()))
+      if self.replace_zero_variance:
+        stats["zero_variance"] = self._zero_variance(slots)
       self._last_batch_stats = stats
+      if self.max_uses:
+        self._retire(slots[use >= self.max_uses])
       if self.consume:
         if self.consume_order == "fifo":
           self._recent_head = (self._recent_head + batch_size) % self.n_recent
@@ -317,11 +437,38 @@ class ReplayBuffer:
           self._drop(s, evicted=False)
       return out
 
+  def _draw(self, batch_size: int) -> np.ndarray:
+    """Slot ids of a batch under the sampler options (module docstring), in draw order."""
+    size = self._size()
+    slots = self._logical_slots(np.arange(size, dtype=np.int64))
+    if self.priority == "fresh":
+      versions = self._slot_version[slots]
+      log_w = (versions - versions.max()).astype(np.float64) / self.fresh_tau
+    else:
+      log_w = None
+
+    def draw(pool: np.ndarray, k: int) -> np.ndarray:
+      if k == 0:
+        return pool[:0]
+      if log_w is None:
+        return pool[self._rng.choice(pool.size, size=k, replace=False)]
+      return pool[successive_sampling(self._rng, log_w[pool], k)]
+
+    everything = np.arange(size, dtype=np.int64)
+    if not self.replace_zero_variance:
+      return slots[draw(everything, batch_size)]
+    zero = self._zero_variance(slots)
+    informative, rest = everything[~zero], everything[zero]
+    if informative.size >= batch_size:
+      return slots[draw(informative, batch_size)]
+    return slots[np.concatenate([informative, draw(rest, batch_size - informative.size)])]
+
   @property
   def last_batch_stats(self) -> Optional[dict[str, Any]]:
     """Stats of the most recent `sample` (any thread): uids, use_counts, policy_versions (int64
     [B]), use_count_mean / use_count_max (this use included) and, when sampled with
-    current_version, staleness (int64 [B]) and staleness_mean / staleness_max / staleness_min."""
+    current_version, staleness (int64 [B]) and staleness_mean / staleness_max / staleness_min;
+    with replace_zero_variance, zero_variance (bool [B]: the rollout's group has all rewards equal)."""
     with self._cond:
       return None if self._last_batch_stats is None else dict(self._last_batch_stats)
 
@@ -355,12 +502,13 @@ class ReplayBuffer:
 
   def metrics(self, current_version: Optional[int] = None) -> dict[str, float]:
     """Counters and gauges under the names in METRIC_KEYS, plus BATCH_KEYS / STALENESS_KEYS /
-    HELD_STALENESS_KEYS when known (see their comments)."""
+    HELD_STALENESS_KEYS when known, MAX_USES_KEYS / ZERO_VARIANCE_KEYS with those options (see
+    their comments)."""
     with self._cond:
       size = self._size()
       slots = self._logical_slots(np.arange(size, dtype=np.int64))
       held_use = self._slot_use[slots]
-      n_life = self._evicted + size
+      n_life = self._evicted + self._retired + size
       m = {
           "buffer/size": size,
           "buffer/capacity": self.capacity,
@@ -373,15 +521,23 @@ class ReplayBuffer:
           "buffer/evicted": self._evicted,
           "buffer/promoted": self._promoted,
           "buffer/consumed": self._consumed,
-          "buffer/use_count_mean": (self._evicted_use_sum + int(held_use.sum())) / max(n_life, 1),
+          "buffer/use_count_mean": (self._evicted_use_sum + self._retired_use_sum +
+                                    int(held_use.sum())) / max(n_life, 1),
           "buffer/evicted_use_count_mean": self._evicted_use_sum / max(self._evicted, 1),
           "buffer/held_use_count_mean": float(held_use.mean()) if size else 0.0,
           "buffer/evicted_unused": self._evicted_unused,
           "buffer/never_used_fraction": ((self._evicted_unused + int(np.sum(held_use == 0)))
                                          / max(self._total_added, 1)),
       }
+      if self.max_uses:
+        m["buffer/retired"] = self._retired
+      if self.replace_zero_variance:
+        m["buffer/zero_variance_fraction"] = (float(self._zero_variance(slots).mean()) if size
+                                              else 0.0)
       last = self._last_batch_stats
       if last is not None:
+        if "zero_variance" in last:
+          m["buffer/batch_zero_variance_fraction"] = float(last["zero_variance"].mean())
         m["buffer/batch_use_count_mean"] = float(last["use_counts"].mean())
         m["buffer/batch_use_count_max"] = float(last["use_counts"].max())
         if "staleness" in last:
@@ -428,6 +584,11 @@ class ReplayBuffer:
           "evicted_unused": self._evicted_unused,
           "promoted": self._promoted,
           "consumed": self._consumed,
+          "retired": self._retired,
+          "retired_use_count_sum": self._retired_use_sum,
+          "group_stats_id": np.array(list(self._groups), np.int64),
+          "group_stats_min": np.array([g[0] for g in self._groups.values()], np.float64),
+          "group_stats_max": np.array([g[1] for g in self._groups.values()], np.float64),
           "rng_state": np.array([st >> 64, st & _U64, inc >> 64, inc & _U64,
                                  rng["has_uint32"], rng["uinteger"]], np.uint64),
           "uid": np.array([r.uid for r in items], np.int64),
@@ -445,7 +606,8 @@ class ReplayBuffer:
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Restores `state_dict()` output; capacity, positive_fraction and consume (with its order)
-    must match."""
+    must match. The sampler options are this buffer's own (they may change across a resume); a
+    state from before them (no retired count, no group reward ranges) loads too."""
     missing = sorted(set(_STATE_KEYS) - set(state))
     if missing:
       raise ValueError(f"buffer state is missing keys {missing}: not a ReplayBuffer.state_dict()")
@@ -505,12 +667,21 @@ class ReplayBuffer:
           self._recent[i] = slot
         else:
           self._pos[i - n_recent] = slot
+        self._hold_group(slot, item)
       self._recent_count, self._pos_count = n_recent, n_pos
       for attr, key in (("_next_uid", "next_uid"), ("_total_added", "total_added"),
                         ("_total_sampled", "total_sampled"), ("_evicted", "evicted"),
                         ("_evicted_use_sum", "evicted_use_count_sum"), ("_promoted", "promoted"),
-                        ("_consumed", "consumed")):
-        setattr(self, attr, int(scalar(key)))
+                        ("_consumed", "consumed"), ("_retired", "retired"),
+                        ("_retired_use_sum", "retired_use_count_sum")):
+        setattr(self, attr, int(scalar(key)) if key in state else 0)
+      if "group_stats_id" in state:  # the reward ranges include members no longer held
+        for gid, lo, hi in zip(np.asarray(state["group_stats_id"]).tolist(),
+                               np.asarray(state["group_stats_min"]).tolist(),
+                               np.asarray(state["group_stats_max"]).tolist()):
+          g = self._groups.get(int(gid))
+          if g is not None:
+            g[0], g[1] = min(g[0], float(lo)), max(g[1], float(hi))
       # A checkpoint from before the counter: its evicted rollouts' uses are unknown, counted as 0.
       self._evicted_unused = int(state["evicted_unused"]) if "evicted_unused" in state else 0
       self._rng = np.random.Generator(np.random.PCG64())

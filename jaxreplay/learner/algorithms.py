@@ -10,10 +10,13 @@ The one table of algorithms. An algorithm is
 rollout), `trainer.LossFn` the loss in the train step. The statistics a loss returns are declared in
 `losses.AUX_KINDS`; numpy-reference tests go in `tests/learner/test_losses.py`.
 
-  "grpo"    GRPO (arXiv 2402.03300): group-standardised advantages, clipped-ratio loss; optional
-            truncated importance sampling (see `GrpoOptions` and `trainer.make_loss_fn`).
+Off-policy corrections are a second axis (`corrections.py`, `trainer.off_policy`): every loss
+takes `off_policy` (a `corrections.OffPolicyOptions`) and applies its per-token weights / masks to
+its policy-gradient term (and, for GRPO, its proximal log-probs to the clip).
+
+  "grpo"    GRPO (arXiv 2402.03300): group-standardised advantages, clipped-ratio loss.
   "asymre"  Asymmetric REINFORCE (arXiv 2506.20520): advantages against a shifted group baseline,
-            REINFORCE loss without an importance ratio (so without clipping or truncated IS).
+            REINFORCE loss without an importance ratio (so without clipping).
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 import chex
-import jax
 
+from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner.batch import Batch
 
@@ -35,13 +38,12 @@ class GrpoOptions:
 
   adv_eps: added to the group's reward std in the advantage (`losses.grpo_advantages`).
   eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] of the ratio (paper: 0.2, 0.2).
-  tis_cap: C > 0 turns on truncated importance sampling at the current params, token weight
-    min(pi_theta / pi_sampler, C) (`trainer.make_loss_fn`); 0 is off.
+  (Truncated importance sampling, `trainer.tis_cap`, is an off-policy correction:
+  `corrections.OffPolicyOptions`.)
   """
   adv_eps: float = 1e-6
   eps_low: float = 0.2
   eps_high: float = 0.2
-  tis_cap: float = 0.0
 
   def __post_init__(self):
     if not self.adv_eps >= 0:
@@ -49,12 +51,6 @@ class GrpoOptions:
     if not (self.eps_low >= 0 and self.eps_high >= 0):
       raise ValueError(f"trainer.eps_low={self.eps_low}, trainer.eps_high={self.eps_high}: the clip "
                        "range [1 - eps_low, 1 + eps_high] needs both >= 0 (the paper: 0.2, 0.2)")
-    if self.tis_cap < 0:
-      raise ValueError(f"trainer.tis_cap={self.tis_cap}: must be >= 0 (0 is off, 2.0 is common)")
-    if self.tis_cap and not (self.eps_low > 0 and self.eps_high > 0):
-      raise ValueError(f"trainer.tis_cap={self.tis_cap} needs eps_low > 0 and eps_high > 0 (got "
-                       f"{self.eps_low}, {self.eps_high}): the clipped ratio is then exactly 1, and on "
-                       "a clip boundary the gradients of min / clip split at the tie")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +73,15 @@ class Algorithm:
 
   advantages: `(rewards [P, G], options) -> float32 [P, G]`.
   loss: `(logprobs [B, T], batch, ref_logprobs [B, T] or None, *, aggregation, normalizer, kl_coef,
-    options) -> (loss float32 scalar, aux dict of float32 scalars)`.
+    options, off_policy) -> (loss float32 scalar, aux dict of float32 scalars)`.
   options: the algorithm's options dataclass (its defaults are the paper's).
+  check_off_policy: `(options, off_policy) -> None`, raises ValueError for a correction the
+    algorithm's options cannot take (None: every one).
   """
   advantages: Callable[..., Array]
   loss: Callable[..., tuple[Array, dict[str, Array]]]
   options: type
+  check_off_policy: Optional[Callable[[Any, corrections.OffPolicyOptions], None]] = None
 
 
 def grpo_advantages(rewards: Array, options: GrpoOptions = GrpoOptions()) -> Array:
@@ -100,44 +99,75 @@ def _segments(batch: Batch) -> Optional[Array]:
   return batch.segment_ids if batch.packed else None
 
 
+_NO_CORRECTION = corrections.OffPolicyOptions()
+
+
+def _correction_kwargs(correction: corrections.Correction, proximal: bool) -> dict:
+  """The loss's keyword arguments of a correction (none at all for "none": the loss unchanged)."""
+  kw = {}
+  if correction.weights is not None:
+    kw["token_weights"] = correction.weights
+  if proximal and correction.proximal_logprobs is not None:
+    kw["proximal_logprobs"] = correction.proximal_logprobs
+  return kw
+
+
 def grpo_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
               aggregation: str = "token_mean", normalizer: Optional[float] = None,
-              kl_coef: float = 0.0, options: GrpoOptions = GrpoOptions()
+              kl_coef: float = 0.0, options: GrpoOptions = GrpoOptions(),
+              off_policy: corrections.OffPolicyOptions = _NO_CORRECTION
               ) -> tuple[Array, dict[str, Array]]:
-  """`losses.grpo_loss` on a Batch; with options.tis_cap = C > 0, truncated IS at the current params.
+  """`losses.grpo_loss` on a Batch, with the off-policy correction `off_policy`.
 
-  tis_cap = 0: the plain clipped loss, ratio pi_theta / pi_sampler (Batch.behaviour_logprobs).
-  tis_cap = C > 0: tis_logprobs = stop_gradient(logprobs), so the token weight is
-  w = stop_gradient(min(pi_theta / pi_sampler, C)), the clipped ratio is the trainer's own
+  "none": the plain clipped loss, ratio pi_theta / pi_sampler (Batch.behaviour_logprobs).
+  "tis" (or tis_cap = C > 0 alone): the clip denominator is stop_gradient(logprobs) and the token
+  weight w = stop_gradient(min(pi_theta / pi_sampler, C)): the clipped ratio is the trainer's own
   (1 in value), and the gradient of the per-token loss wrt log pi_theta is -w * A (see
-  `trainer.make_loss_fn` for the full statement and references).
+  `trainer.make_loss_fn` for the full statement and references). The other modes:
+  `corrections` (masks on the clipped objective; "decoupled": clip against the proximal policy).
   """
-  tis = {}
-  if options.tis_cap:
-    tis = dict(tis_logprobs=jax.lax.stop_gradient(logprobs), tis_cap=options.tis_cap)
-  return losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
-                          batch.completion_mask, options.eps_low, options.eps_high,
-                          aggregation=aggregation, normalizer=normalizer,
-                          ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                          segment_ids=_segments(batch), **tis)
+  correction = corrections.correct(off_policy, logprobs, batch.behaviour_logprobs,
+                                   batch.completion_mask, _segments(batch))
+  loss, aux = losses.grpo_loss(logprobs, batch.behaviour_logprobs, batch.advantages,
+                               batch.completion_mask, options.eps_low, options.eps_high,
+                               aggregation=aggregation, normalizer=normalizer,
+                               ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                               segment_ids=_segments(batch),
+                               **_correction_kwargs(correction, proximal=True))
+  return loss, {**aux, **correction.aux}
+
+
+def _check_grpo_off_policy(options: GrpoOptions, off_policy: corrections.OffPolicyOptions) -> None:
+  if off_policy.uses_proximal and not (options.eps_low > 0 and options.eps_high > 0):
+    what = (f"trainer.tis_cap={off_policy.tis_cap}" if off_policy.tis_cap
+            else f"trainer.off_policy={off_policy.off_policy!r}")
+    raise ValueError(f"{what} needs eps_low > 0 and eps_high > 0 (got {options.eps_low}, "
+                     f"{options.eps_high}): the clipped ratio is then exactly 1, and on a clip "
+                     "boundary the gradients of min / clip split at the tie")
 
 
 def asymre_loss(logprobs: Array, batch: Batch, ref_logprobs: Optional[Array] = None, *,
                 aggregation: str = "token_mean", normalizer: Optional[float] = None,
-                kl_coef: float = 0.0, options: AsymreOptions = AsymreOptions()
+                kl_coef: float = 0.0, options: AsymreOptions = AsymreOptions(),
+                off_policy: corrections.OffPolicyOptions = _NO_CORRECTION
                 ) -> tuple[Array, dict[str, Array]]:
-  """`losses.asymre_loss` on a Batch; behaviour log-probs only feed the ratio_* statistics (tau
-  acts in the advantages, computed at generation)."""
+  """`losses.asymre_loss` on a Batch; behaviour log-probs feed the ratio_* statistics (tau acts in
+  the advantages, computed at generation) and the off-policy correction, whose weights multiply
+  the REINFORCE term (AsymRE has no clip, so proximal log-probs are unused)."""
   del options
-  return losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
-                            aggregation=aggregation, normalizer=normalizer,
-                            ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                            behaviour_logprobs=batch.behaviour_logprobs,
-                            segment_ids=_segments(batch))
+  correction = corrections.correct(off_policy, logprobs, batch.behaviour_logprobs,
+                                   batch.completion_mask, _segments(batch))
+  loss, aux = losses.asymre_loss(logprobs, batch.advantages, batch.completion_mask,
+                                 aggregation=aggregation, normalizer=normalizer,
+                                 ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                                 behaviour_logprobs=batch.behaviour_logprobs,
+                                 segment_ids=_segments(batch),
+                                 **_correction_kwargs(correction, proximal=False))
+  return loss, {**aux, **correction.aux}
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm(grpo_advantages, grpo_loss, GrpoOptions),
+    "grpo": Algorithm(grpo_advantages, grpo_loss, GrpoOptions, _check_grpo_off_policy),
     "asymre": Algorithm(asymre_advantages, asymre_loss, AsymreOptions),
 }
 
@@ -159,7 +189,7 @@ def make_options(name: str, values: Mapping[str, Any]) -> Any:
 
   Each field is read from `values` when present (missing ones keep their defaults), and validated by
   the dataclass. An option of another algorithm set away from its default is an error naming it
-  (e.g. trainer.tis_cap with the AsymRE loss, which has no importance ratio to truncate).
+  (e.g. trainer.eps_low with the AsymRE loss, which has no ratio to clip).
   """
   options_cls = get(name).options
   own = {f.name for f in dataclasses.fields(options_cls)}
@@ -179,3 +209,10 @@ def make_options(name: str, values: Mapping[str, Any]) -> Any:
 def options_from_config(trainer_config) -> Any:
   """The options of `trainer_config.loss` read from `config.trainer` (validated)."""
   return make_options(trainer_config.loss, trainer_config)
+
+
+def check_off_policy(name: str, options: Any, off_policy: corrections.OffPolicyOptions) -> None:
+  """Raises ValueError when algorithm `name` with `options` cannot take the correction."""
+  check = get(name).check_off_policy
+  if check is not None:
+    check(options, off_policy)

@@ -102,11 +102,14 @@ def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_l
 
 
 def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_shardings: Any,
-                        splits: int = 4, chunk_size: int = 512, logprob_remat: str = "auto"):
+                        splits: int = 4, chunk_size: int = 512, logprob_remat: str = "auto",
+                        logprob_processing=None):
   """Jitted `fn(params, ref_params, batch) -> {DIAGNOSTIC_KEYS: float32 scalar}` (module docstring).
 
   splits: k micro-batches (>= 2); the batch's rows must be a multiple of k * data * fsdp.
   ref_params: the KL reference (None unless loss_fn.needs_ref).
+  logprob_processing: the train step's (`trainer.logprob_processing`): the same log-probs as the
+    update, so the ratios are those the loss sees.
   """
   if splits < 2:
     raise ValueError(f"splits={splits}: the noise scale needs >= 2 micro-batches")
@@ -118,12 +121,13 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
 
   def micro_loss(params, ref_params, mb: Batch, lfn):
     lp = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
-                                     mb.segment_ids, chunk_size=chunk_size, remat=logprob_remat)
+                                     mb.segment_ids, chunk_size=chunk_size, remat=logprob_remat,
+                                     processing=logprob_processing)
     ref_lp = None
     if ref_params is not None:
       ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
           model_cfg, ref_params, mb.tokens, mb.targets, mb.positions, mb.segment_ids,
-          chunk_size=chunk_size))
+          chunk_size=chunk_size, processing=logprob_processing))
     loss, _ = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     return loss, lp
 

@@ -61,6 +61,13 @@ AUX_KINDS: dict[str, str] = {
     "kl": "token_mean",
     "tis_weight_mean": "token_mean",
     "tis_truncated_fraction": "token_mean",
+    # off-policy corrections (`jaxreplay.learner.corrections`)
+    "mis_masked_fraction": "token_mean",
+    "mis_masked_sequence_fraction": "row_mean",
+    "m2po_masked_fraction": "token_mean",
+    "m2po_second_moment": "token_mean",
+    "decoupled_weight_mean": "token_mean",
+    "decoupled_masked_fraction": "token_mean",
 }
 
 
@@ -385,7 +392,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
               eps_low: Scalar = 0.2, eps_high: Scalar = 0.2, aggregation: str = "token_mean", *,
               normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
               kl_coef: Scalar = 0.0, tis_logprobs: Optional[Array] = None,
-              tis_cap: Optional[Scalar] = None,
+              tis_cap: Optional[Scalar] = None, proximal_logprobs: Optional[Array] = None,
+              token_weights: Optional[Array] = None,
               segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
   """The GRPO loss (arXiv 2402.03300 eq. 3) with clip-higher (arXiv 2503.14476), optional KL and TIS.
 
@@ -397,6 +405,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
     old = tis_logprobs,   w = stop_gradient(min(exp(tis_logprobs - behaviour_logprobs), tis_cap)),
   so the clip acts on the trainer's own ratio pi_theta / pi_old and w corrects the sampler's
   mismatch, w * rho ~ pi_theta / pi_sampler (the decoupled form used by verl / slime).
+  The off-policy corrections (`jaxreplay.learner.corrections`) pass their own w and pi_old instead:
+    old = proximal_logprobs (when given),   w = token_weights (when given; 0 masks a token).
 
   Args:
     logprobs: float [B, T], log pi_theta(target_t) under the parameters being trained (gradients flow).
@@ -415,6 +425,11 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       policy version that generated them (or stop_gradient(logprobs), as `trainer.make_loss_fn`
       passes: a replay buffer cannot recompute them per version); None turns TIS off.
     tis_cap: the truncation C of the TIS weights (None: no truncation); needs tis_logprobs.
+    proximal_logprobs: float [B, T], no gradient: the clip's denominator pi_old instead of the
+      behaviour log-probs (decoupled PPO); not together with tis_logprobs.
+    token_weights: float [B, T], no gradient: multiplies each token's clipped objective (an
+      off-policy correction's weights or {0, 1} mask); not together with tis_logprobs. The
+      aggregation's denominators do not change (a weight-0 token counts, with zero gradient).
     segment_ids: int [B, T] for packed rows (each (row, segment) a sequence for "sequence_mean"
       and advantage_mean), or None: each row is one sequence.
 
@@ -430,12 +445,17 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
   _check_kl_args(ref_logprobs, kl_coef)
   if tis_cap is not None and tis_logprobs is None:
     raise ValueError("tis_cap needs tis_logprobs (the trainer's log-probs at the behaviour version)")
+  if tis_logprobs is not None and (proximal_logprobs is not None or token_weights is not None):
+    raise ValueError("tis_logprobs (TIS) cannot be combined with proximal_logprobs / token_weights "
+                     "(an off-policy correction): pass one or the other")
   for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
     if _is_python_number(eps) and not 0 <= eps:
       raise ValueError(f"{name} must be >= 0, got {eps}")
   _check_token_inputs("grpo_loss", advantages, {
       "logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
-      "ref_logprobs": ref_logprobs, "tis_logprobs": tis_logprobs, "segment_ids": segment_ids})
+      "ref_logprobs": ref_logprobs, "tis_logprobs": tis_logprobs,
+      "proximal_logprobs": proximal_logprobs, "token_weights": token_weights,
+      "segment_ids": segment_ids})
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {AGGREGATIONS}")
   m = _f32(mask)
@@ -456,6 +476,10 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
     aux["tis_truncated_fraction"] = _masked_mean(truncated.astype(jnp.float32), m)
   else:
     old, w = behaviour, None
+    if proximal_logprobs is not None:
+      old = jnp.where(valid, jax.lax.stop_gradient(_f32(proximal_logprobs)), 0.0)
+    if token_weights is not None:
+      w = jnp.where(valid, jax.lax.stop_gradient(_f32(token_weights)), 0.0)
   ratio = jnp.exp(lp - old)
   objective, clipped = clipped_surrogate(ratio, adv, eps_low, eps_high)
   if w is not None:
@@ -474,6 +498,7 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
 def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: str = "token_mean", *,
                 normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
                 kl_coef: Scalar = 0.0, behaviour_logprobs: Optional[Array] = None,
+                token_weights: Optional[Array] = None,
                 segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
   """The Asymmetric REINFORCE loss (arXiv 2506.20520): REINFORCE with a shifted baseline, no ratio.
 
@@ -481,7 +506,9 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
     loss       = aggregate(loss_{b,t}, mask, aggregation, normalizer)
   i.e. the gradient of J = E_{y ~ behaviour}[log pi_theta(y) (r(y) - V)] with A = r - V from
   `asymre_advantages`. Samples come from the behaviour policy and are used as they are: there is no
-  importance ratio, hence no clipping and no truncated IS (the objective never refers to pi_old).
+  importance ratio, hence no clipping (the objective never refers to pi_old). An off-policy
+  correction (`jaxreplay.learner.corrections`) may weight or mask each token's term:
+    loss_{b,t} = -w_{b,t} A_b lp_{b,t} + kl_coef * k3,   w = token_weights (1 when None).
 
   Args:
     logprobs: float [B, T], log pi_theta(target_t) under the parameters being trained.
@@ -494,6 +521,8 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
     behaviour_logprobs: float [B, T], the sampler's log-probs, optional and for monitoring only: when
       given, aux gets ratio_mean / ratio_max of pi_theta / pi_behaviour (how off-policy the batch is).
       The loss does not depend on it.
+    token_weights: float [B, T], no gradient, or None: per-token weights of the REINFORCE term
+      (0 masks a token; the aggregation's denominators do not change).
     segment_ids: int [B, T] for packed rows, or None (see `grpo_loss`).
 
   Returns:
@@ -504,7 +533,8 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
   _check_kl_args(ref_logprobs, kl_coef)
   _check_token_inputs("asymre_loss", advantages, {
       "logprobs": logprobs, "mask": mask, "ref_logprobs": ref_logprobs,
-      "behaviour_logprobs": behaviour_logprobs, "segment_ids": segment_ids})
+      "behaviour_logprobs": behaviour_logprobs, "token_weights": token_weights,
+      "segment_ids": segment_ids})
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {AGGREGATIONS}")
   m = _f32(mask)
@@ -516,6 +546,8 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
   if adv.ndim == 2:
     adv = jnp.where(valid, adv, 0.0)
   objective = (adv[:, None] if adv.ndim == 1 else adv) * lp
+  if token_weights is not None:
+    objective = jnp.where(valid, jax.lax.stop_gradient(_f32(token_weights)), 0.0) * objective
   per_token = -objective
   if ref_logprobs is not None:
     per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, m, aux)

@@ -35,6 +35,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.learner import algorithms
+from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.infra import sharding
 from jaxreplay.learner.batch import Batch
@@ -44,6 +45,10 @@ from jaxreplay.models.config import ModelConfig
 
 LOSSES = tuple(algorithms.ALGORITHMS)
 NONFINITE_CHECKS = ("grads", "updated")
+# trainer.sampling_logprobs: the trainer's log-probs of the rollouts' sampling distribution
+# ("processed": rollout.temperature / top_k / top_p applied to its own logits,
+# `logprobs.LogprobProcessing`), or of the raw softmax ("raw", the behaviour before issue 27).
+SAMPLING_LOGPROBS = ("processed", "raw")
 
 
 @flax.struct.dataclass
@@ -63,7 +68,8 @@ class LossFn:
   """One algorithm's loss: `loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)`.
 
   Calls `algorithms.ALGORITHMS[name].loss` with the algorithm's options (its dataclass, e.g.
-  `algorithms.GrpoOptions`; None = the defaults). Build it with `make_loss_fn` (keyword options,
+  `algorithms.GrpoOptions`; None = the defaults) and the off-policy correction `off_policy` (a
+  `corrections.OffPolicyOptions`; None = "none"). Build it with `make_loss_fn` (keyword options,
   documented there, truncated importance sampling included) or `loss_fn_from_config`.
 
   Holds only scalars and frozen dataclasses (hashable): the trainer never reads a config object.
@@ -75,6 +81,7 @@ class LossFn:
   kl_coef: float = 0.0
   normalizer: Optional[float] = None
   options: Any = None
+  off_policy: Optional[corrections.OffPolicyOptions] = None
 
   def __post_init__(self):
     algorithm = algorithms.get(self.name)
@@ -83,6 +90,12 @@ class LossFn:
     elif not isinstance(self.options, algorithm.options):
       raise TypeError(f"loss {self.name!r} takes {algorithm.options.__name__}, got "
                       f"{type(self.options).__name__}")
+    if self.off_policy is None:
+      object.__setattr__(self, "off_policy", corrections.OffPolicyOptions())
+    elif not isinstance(self.off_policy, corrections.OffPolicyOptions):
+      raise TypeError(f"off_policy must be a corrections.OffPolicyOptions, got "
+                      f"{type(self.off_policy).__name__}")
+    algorithms.check_off_policy(self.name, self.options, self.off_policy)
     if self.aggregation not in losses.AGGREGATIONS:
       raise ValueError(f"aggregation {self.aggregation!r} is unknown; expected one of "
                        f"{losses.AGGREGATIONS}")
@@ -97,20 +110,23 @@ class LossFn:
   def __call__(self, logprobs: jax.Array, batch: Batch, ref_logprobs: Optional[jax.Array] = None):
     return algorithms.ALGORITHMS[self.name].loss(
         logprobs, batch, ref_logprobs, aggregation=self.aggregation, normalizer=self.normalizer,
-        kl_coef=self.kl_coef, options=self.options)
+        kl_coef=self.kl_coef, options=self.options, off_policy=self.off_policy)
 
 
 def loss_fn_from_config(trainer_config) -> LossFn:
   """The loss of `config.trainer`: trainer.loss with its options (`algorithms.options_from_config`),
-  trainer.aggregation and trainer.kl_coef."""
+  the off-policy correction (`corrections.options_from_config`), trainer.aggregation and
+  trainer.kl_coef. Raises ValueError naming a bad option (the config validation calls it)."""
   return LossFn(name=trainer_config.loss, aggregation=trainer_config.aggregation,
                 kl_coef=float(trainer_config.kl_coef),
-                options=algorithms.options_from_config(trainer_config))
+                options=algorithms.options_from_config(trainer_config),
+                off_policy=corrections.options_from_config(trainer_config))
 
 
 def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: float = 0.2,
                  eps_high: float = 0.2, kl_coef: float = 0.0, normalizer: Optional[float] = None,
-                 tis_cap: float = 0.0) -> LossFn:
+                 tis_cap: float = 0.0,
+                 off_policy: Optional[corrections.OffPolicyOptions] = None) -> LossFn:
   """The loss for `make_train_step`: an algorithm of `algorithms.ALGORITHMS` with its options.
 
   Args:
@@ -120,8 +136,10 @@ def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: f
     kl_coef: weight of the k3 KL penalty to the frozen reference params (the train state needs
       `init_train_state(..., with_ref_params=True)`).
     normalizer: the "constant" divisor; None for the whole batch's B * T.
-    tis_cap: C > 0 turns on truncated importance sampling (GRPO only, see below); 0 is off and
-      leaves the loss exactly as without the option.
+    tis_cap: C > 0 turns on truncated importance sampling (see below); 0 is off and leaves the
+      loss exactly as without the option. Shorthand for off_policy=OffPolicyOptions(tis_cap=C).
+    off_policy: the off-policy correction (`corrections.OffPolicyOptions`: "tis", "mis_token",
+      "mis_sequence", "m2po", "decoupled"); None: none (or tis_cap's). Not together with tis_cap.
 
   Truncated importance sampling (TIS), tis_cap = C > 0. The usual TIS weight uses the trainer's
   log-probs under the parameters of the version that generated each rollout; a replay trainer cannot
@@ -143,16 +161,23 @@ def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: f
   Secretly Brings You Off-Policy RL Training"; cap C = 2), there with the trainer's log-probs at the
   behaviour version, and the truncated importance-weighted policy gradient of IMPALA (Espeholt et
   al. 2018, arXiv 1802.01561, V-trace's rho-bar) and ACER (Wang et al. 2017, arXiv 1611.01224,
-  without its bias correction). AsymRE has no importance ratio: tis_cap > 0 with it is an error.
+  without its bias correction). AsymRE has no importance ratio and no clip: with it the weight w
+  multiplies its REINFORCE term, -w A log pi_theta.
 
   Raises:
     ValueError: an unknown name or aggregation, a normalizer without "constant", tis_cap < 0,
-      tis_cap > 0 with AsymRE, or tis_cap > 0 with eps_low or eps_high 0.
+      tis_cap together with off_policy, or tis_cap > 0 (or off_policy "tis" / "decoupled") with
+      GRPO's eps_low or eps_high 0.
   """
-  options = algorithms.make_options(name, dict(eps_low=float(eps_low), eps_high=float(eps_high),
-                                               tis_cap=float(tis_cap)))
+  options = algorithms.make_options(name, dict(eps_low=float(eps_low), eps_high=float(eps_high)))
+  if off_policy is None:
+    off_policy = corrections.OffPolicyOptions(tis_cap=float(tis_cap))
+  elif tis_cap:
+    raise ValueError(f"make_loss_fn: tis_cap={tis_cap} together with off_policy={off_policy}; "
+                     "set the cap in off_policy (OffPolicyOptions(tis_cap=...))")
   return LossFn(name=name, aggregation=aggregation, kl_coef=float(kl_coef),
-                normalizer=None if normalizer is None else float(normalizer), options=options)
+                normalizer=None if normalizer is None else float(normalizer), options=options,
+                off_policy=off_policy)
 
 
 # ---- train state ------------------------------------------------------------------------------
@@ -285,6 +310,19 @@ def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Arra
   return {key: combine[_aux_kind(key)](v) for key, v in aux.items()}
 
 
+def logprob_processing(config: Any) -> Optional[logprobs_lib.LogprobProcessing]:
+  """The `LogprobProcessing` of a run (`make_train_step` / `make_logprob_fn`'s
+  logprob_processing): trainer.sampling_logprobs="processed" and a rollout temperature / top-k /
+  top-p that is not the raw softmax; else None (the raw log-probs, the same computation bit for
+  bit). See `logprobs.LogprobProcessing` for why the ratio needs it."""
+  if config.trainer.get("sampling_logprobs", "processed") == "raw":
+    return None
+  r = config.rollout
+  processing = logprobs_lib.LogprobProcessing(temperature=float(r.temperature),
+                                              top_k=int(r.top_k), top_p=float(r.top_p))
+  return None if processing.is_identity else processing
+
+
 def step_options(trainer_config: Any) -> dict:
   """`make_train_step`'s keyword options from the config's `trainer` section (config_defaults):
   compute_entropy (`trainer.log_entropy`), logprob_remat (`trainer.logprob_remat`) and
@@ -299,7 +337,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
                     chunk_size: int = 512, learning_rate_fn: Optional[Callable] = None,
                     compute_entropy: bool = True, donate: bool = True,
                     skip_nonfinite: bool = True, logprob_remat: str = "auto",
-                    nonfinite_check: str = "grads"):
+                    nonfinite_check: str = "grads",
+                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
   loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
@@ -321,6 +360,9 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     NaN is written into the state. "updated": also checks the updated parameters' norm, selecting
     old or new params and optimizer state after the update (one more pass over both; the
     behaviour before issue 13).
+  logprob_processing: None (log-probs of the raw softmax), or the rollouts' sampling distribution
+    (`logprob_processing(config)`): the policy, reference and entropy are those of the processed
+    distribution, whose log-probs the samplers store (`logprobs.LogprobProcessing`).
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
     entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
     of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
@@ -342,13 +384,14 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     """Loss of one (micro-)batch and its statistics."""
     out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
                                       mb.segment_ids, chunk_size=chunk_size,
-                                      return_entropy=compute_entropy, remat=logprob_remat)
+                                      return_entropy=compute_entropy, remat=logprob_remat,
+                                      processing=logprob_processing)
     lp, ent = out if compute_entropy else (out, None)
     ref_lp = None
     if ref_params is not None:
       ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
           model_cfg, jax.lax.stop_gradient(ref_params), mb.tokens, mb.targets, mb.positions,
-          mb.segment_ids, chunk_size=chunk_size))
+          mb.segment_ids, chunk_size=chunk_size, processing=logprob_processing))
     loss, aux = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     m = (mb.completion_mask > 0).astype(jnp.float32)
     ent_sum = jnp.sum(jax.lax.stop_gradient(ent) * m) if ent is not None else jnp.zeros(())
@@ -470,17 +513,21 @@ def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:
 
 
 def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, chunk_size: int = 512,
-                    return_entropy: bool = False):
+                    return_entropy: bool = False,
+                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None):
   """Jitted forward-only `fn(params, batch) -> logprobs float32 [B, T]` (, entropy [B, T]).
 
   Values are 0 where `batch.completion_mask` is 0, aligned with `Batch.behaviour_logprobs`, so the
   result compares directly with the sampler's log-probs (trainer/sampler mismatch) or serves as the
   reference policy's log-probs. Outputs are batch-sharded; params are not donated.
+  logprob_processing: as in `make_train_step` (the samplers' processed distribution, so that the
+  mismatch probe compares like with like).
   """
   def fn(params, batch: Batch):
     out = logprobs_lib.token_logprobs(model_cfg, params, batch.tokens, batch.targets,
                                       batch.positions, batch.segment_ids, chunk_size=chunk_size,
-                                      return_entropy=return_entropy)
+                                      return_entropy=return_entropy,
+                                      processing=logprob_processing)
     valid = batch.completion_mask > 0
     if return_entropy:
       return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)

@@ -28,52 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay import models
+from jaxreplay.models.logprobs import filter_logits  # the one definition, shared with the trainer
 from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
                                     check_prompts)
 
 
 # ---- pure sampling math -------------------------------------------------------------------------
-
-def _per_row(x):
-  """A scalar or [...] setting as an array broadcastable against logits [..., V]."""
-  return jnp.asarray(x)[..., None] if jnp.ndim(x) else jnp.asarray(x)
-
-
-def filter_logits(logits: jax.Array, temperature, top_k=None, top_p=None) -> jax.Array:
-  """Temperature, then top-k, then top-p; removed tokens get -inf.
-
-  Args:
-    logits: float [..., V] raw model logits.
-    temperature: float scalar or [...], > 0 (greedy is handled by `sample_token`).
-    top_k: None (off) or int scalar or [...]; values <= 0 or >= V disable it for that row.
-    top_p: None (off) or float scalar or [...] in (0, 1]; 1.0 disables it for that row.
-  Returns:
-    float32 [..., V]: the tempered logits, -inf where filtered out. Every row keeps >= 1 token.
-  """
-  x = logits.astype(jnp.float32) / _per_row(temperature).astype(jnp.float32)
-  if top_k is None and top_p is None:
-    return x
-  vocab = x.shape[-1]
-  neg_inf = jnp.float32(-jnp.inf)
-  desc = -jnp.sort(-x, axis=-1)  # [..., V], decreasing
-  if top_k is not None:
-    k = jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), x.shape[:-1])
-    k = jnp.where((k <= 0) | (k >= vocab), vocab, k)
-    kth = jnp.take_along_axis(desc, (k - 1)[..., None], axis=-1)  # [..., 1]
-    x = jnp.where(x < kth, neg_inf, x)
-    desc = jnp.where(desc < kth, neg_inf, desc)
-  if top_p is not None:
-    p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), x.shape[:-1])[..., None]
-    probs = jax.nn.softmax(desc, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
-    # Keep while the mass before a token is < p: the smallest prefix reaching >= p. `p >= 1`
-    # disables the filter (float cumsums can reach 1.0 before the tail and would cut it).
-    keep = (mass_before < p) | (p >= 1.0)
-    num_keep = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)  # keep is a prefix
-    cutoff = jnp.take_along_axis(desc, num_keep - 1, axis=-1)
-    x = jnp.where(x < cutoff, neg_inf, x)
-  return x
-
 
 def sample_token(rng: jax.Array, logits: jax.Array, temperature, top_k=None, top_p=None):
   """Draws one token per row and returns its processed log-prob.

@@ -225,13 +225,16 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
+                                       logprob_processing=trainer.logprob_processing(c),
                                        **trainer.step_options(t))
-  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk)
+  logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk,
+                                       logprob_processing=trainer.logprob_processing(c))
   regime_diagnostics = regime.RegimeDiagnostics(
       model_cfg, loss_fn, mesh, state_sh.params, every=c.log.diagnostics_every,
       splits=c.log.diagnostics_splits, probe_rollouts=c.log.diagnostics_probe,
       decay=c.log.noise_scale_decay, chunk_size=t.logprob_chunk,
       logprob_remat=trainer.step_options(t)["logprob_remat"],
+      logprob_processing=trainer.logprob_processing(c),
       collate=lambda rollouts: collate_lib.collate(rollouts, buckets=buckets,
                                                    pad_id=codec.pad_id))
 
@@ -248,7 +251,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
 
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
-                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order)
+                                consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order,
+                                **buffer_lib.sampler_options(c.buffer))
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)

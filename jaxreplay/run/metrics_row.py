@@ -4,12 +4,23 @@ Keys of a row, by source (units in brackets):
   step, policy_version           updates applied; published_version: newest weights the workers have
   loss, grad_norm, param_norm, learning_rate, entropy, tokens, seq_tokens, and the loss's aux
                                  statistics (`jaxreplay.learner.losses.AUX_KINDS`): the train step
+  tis_*, mis_*, m2po_*,          the off-policy correction of trainer.off_policy (with it only,
+  decoupled_*                    `jaxreplay.learner.corrections`): the fraction of valid tokens it
+                                 truncates (tis_truncated_fraction) or masks (mis_masked_fraction,
+                                 m2po_masked_fraction, decoupled_masked_fraction;
+                                 mis_masked_sequence_fraction: of sequences), tis_weight_mean,
+                                 decoupled_weight_mean, m2po_second_moment (mean squared
+                                 log-ratio before masking [nats^2])
   batch/reward_mean              mean reward of the rollouts of this step's batch
   reward_mean, fresh_rollouts    mean reward and count of rollouts delivered since the last row
                                  (reward_mean is NaN on rows without fresh rollouts)
   buffer/*                       `ReplayBuffer.metrics`: size, replay ratio, use counts, and the
                                  staleness of this step's batch (buffer/staleness_mean, _max, _min:
-                                 computed once, when the batch is sampled)
+                                 computed once, when the batch is sampled); with the samplers of
+                                 issue 27: buffer/retired (buffer.max_uses > 0: rollouts removed
+                                 after their last use), buffer/zero_variance_fraction and
+                                 buffer/batch_zero_variance_fraction (buffer.replace_zero_variance:
+                                 share of held / batch rollouts whose group's rewards are all equal)
   compute_seconds                THE x-axis of accuracy vs compute [device-seconds]: under
                                  scheduler.kind="simulated" the modelled hardware's virtual
                                  device-seconds (= sim/compute_seconds); under "async" the measured

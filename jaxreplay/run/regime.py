@@ -88,19 +88,19 @@ class RegimeDiagnostics:
     probe_rollouts: rollouts in the update-KL probe (0 = no update KL).
     decay: the noise scale's moving-average decay.
     collate: `fn(rollouts) -> Batch` of the probe (the pipeline's collate settings).
-    chunk_size, logprob_remat: the train step's log-prob settings.
+    chunk_size, logprob_remat, logprob_processing: the train step's log-prob settings.
   """
 
   def __init__(self, model_cfg, loss_fn, mesh, param_shardings, every: int, splits: int = 4,
                probe_rollouts: int = 8, decay: float = 0.9, collate=None, chunk_size: int = 512,
-               logprob_remat: str = "auto"):
+               logprob_remat: str = "auto", logprob_processing=None):
     self.every, self.preferred_splits = int(every), int(splits)
     self.probe_rollouts = int(probe_rollouts)
     self.noise = NoiseScale(decay)
     self._collate = collate
     self._make = lambda k: diagnostics.make_diagnostics_fn(
         model_cfg, loss_fn, mesh, param_shardings, splits=k, chunk_size=chunk_size,
-        logprob_remat=logprob_remat)
+        logprob_remat=logprob_remat, logprob_processing=logprob_processing)
     self._fns: dict[int, Any] = {}
     # The probe is a host batch given to every process alike; with several trainer processes it
     # would need a global array of its own: the update KL is measured in one-process runs only.

@@ -350,7 +350,21 @@ def _run_stats(rows: Sequence[dict], done: dict) -> dict[str, Any]:
                                   "compute/measured_mu", "step", "compute_seconds")}
   out["buffer/staleness_mean"] = sum(stale) / len(stale) if stale else None
   out["wall_seconds"] = done.get("wall_seconds")
+  # The off-policy options' statistics (issue 27), when the run logged them: mean over its steps
+  # of each masked / truncated fraction, and the rollouts max_uses retired by the end.
+  for key in sorted({k for r in rows for k in r if _is_off_policy_stat(k)}):
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    out[key] = sum(values) / len(values) if values else None
+  if isinstance(last.get("buffer/retired"), (int, float)):
+    out["buffer/retired"] = last["buffer/retired"]
   return out
+
+
+def _is_off_policy_stat(key: str) -> bool:
+  """A training row's masked / truncated fraction (`learner.corrections`, `data.buffer`)."""
+  return not key.startswith("eval/") and (
+      key.endswith(("masked_fraction", "masked_sequence_fraction", "truncated_fraction",
+                    "zero_variance_fraction")) or key == "m2po_second_moment")
 
 
 RECORD = "record.json"

@@ -268,6 +268,26 @@ def _pareto() -> Sweep:
                config=LARGE_BATCH_CONFIG, figure="pareto")
 
 
+def _offpolicy_screen() -> Sweep:
+  """Issue 27's quick screen: each off-policy correction and replay sampler against plain replay,
+  2 seeds, a quarter of the standard budget (100 on-policy updates = 784 device-seconds of the
+  base: ~2-3 min per run at --parallel=1 on the 2-core CPU). Corrections keep their defaults
+  (off_policy_cap 2, m2po_threshold 0.04; tis truncates at off_policy_cap)."""
+  corrections_arms = tuple(Arm(mode, (("trainer.off_policy", mode),), family="correction")
+                           for mode in ("tis", "mis_token", "mis_sequence", "m2po", "decoupled"))
+  sampler_arms = (
+      Arm("fresh", (("buffer.priority", "fresh"),), family="sampler"),   # fresh_tau 4 updates
+      Arm("max_uses2", (("buffer.max_uses", 2),), family="sampler"),   # replay ratio ~2.3 capped
+      Arm("replace_zero_variance", (("buffer.replace_zero_variance", True),), family="sampler"),
+  )
+  return Sweep("offpolicy_screen", "Issue 27: a quick screen of the off-policy corrections "
+               "(tis, mis_token, mis_sequence, m2po, decoupled) and replay samplers (priority "
+               "fresh, max_uses 2, replace_zero_variance) against plain replay, each paired with "
+               "it; the options that move accuracy go to the decisive sweep.",
+               (Arm("replay", family="replay"),) + corrections_arms + sampler_arms,
+               baseline="replay", min_seeds=2, budget_updates=100.0, grid_points=4)
+
+
 def _sweeps() -> dict[str, Sweep]:
   replay = Arm("replay", family="replay")
   onpolicy = Arm("onpolicy", ON_POLICY, family="onpolicy")
@@ -289,6 +309,7 @@ def _sweeps() -> dict[str, Sweep]:
       _lr_sweep(),
       _sync_grid(),
       _pareto(),
+      _offpolicy_screen(),
   ]
   return {s.name: s for s in sweeps}
 
