@@ -51,7 +51,8 @@ def _chunk_stats(cfg: ModelConfig, params: dict, h: jax.Array, targets: jax.Arra
 
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: jax.Array,
                    positions: Optional[jax.Array] = None, segment_ids: Optional[jax.Array] = None,
-                   chunk_size: int = 512, return_entropy: bool = False, remat: str = "auto"):
+                   chunk_size: int = 512, return_entropy: bool = False, remat: str = "auto",
+                   single_sequence_rows: bool = False):
   """log p(targets[b, t] | tokens[b, :t+1]) for every position.
 
   Args:
@@ -65,6 +66,8 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: j
     remat: recompute each chunk's logits in the backward pass ("always"), never ("never": all of
       [B, T, V] is kept from the forward to the backward), or "auto": only when there are two or
       more chunks (with one, the backward holds all of [B, T, V] anyway). Values are identical.
+    single_sequence_rows: every row is one right-padded sequence (an unpacked batch): lets cuDNN
+      attention mask by lengths instead of a dense bias (`transformer.hidden_states`).
   Returns:
     float32 [B, T] log-probs, and float32 [B, T] entropies when `return_entropy`.
   """
@@ -75,7 +78,8 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: j
   if targets.shape != tokens.shape:
     raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
   params = layout.unpad(cfg, params, layers=False)
-  h = transformer.hidden_states(cfg, params, tokens, positions, segment_ids)  # [B, T, D]
+  h = transformer.hidden_states(cfg, params, tokens, positions, segment_ids,
+                                single_sequence_rows)  # [B, T, D]
   b, t, d = h.shape
   chunk = min(chunk_size, t)
   n = -(-t // chunk)
