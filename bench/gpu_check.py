@@ -270,8 +270,8 @@ def main(argv=None) -> dict:
                      "the trainer's numbers hold, the vLLM ones are then the sampler's)")
   backend = jax.default_backend()
   if not args.cpu_smoke and backend != "gpu":
-    raise SystemExit(f"JAX runs on {backend!r}, not a GPU: install jax[cuda12/13] (or run with "
-                     "--cpu_smoke for the CPU path)")
+    raise SystemExit(f"JAX runs on {backend!r}, not a GPU: pip install -e '.[gpu]' (jax[cuda13]; "
+                     "or run with --cpu_smoke for the CPU path)")
   os.makedirs(args.out, exist_ok=True)
   t0 = time.perf_counter()
   peak = matmul_peak_tflops(args.peak_n, jnp.float32 if args.cpu_smoke else jnp.bfloat16)

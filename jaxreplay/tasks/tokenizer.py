@@ -9,9 +9,10 @@ package).
 The trainer process never imports torch (on GPU a second libcudnn.so.9 beside JAX's): `transformers.
 AutoTokenizer` does (its auto classes import the generation config, which imports torch when it is
 installed, as on every GPU install), so `load_tokenizer` reads a directory with a tokenizer.json
-through `PreTrainedTokenizerFast` (in transformers 5 the same `TokenizersBackend` class AutoTokenizer
-returns for Qwen3 and Llama-3.x: the same ids and chat-template prompts, tests/test_gpu_path.py) and
-keeps AutoTokenizer only for directories without one (slow / sentencepiece-only tokenizers). And
+through `PreTrainedTokenizerFast` (in transformers 5 `TokenizersBackend`: the class AutoTokenizer
+returns for Llama-3.x and the base of its Qwen2Tokenizer for Qwen3; the same ids and chat-template
+prompts, tests/test_gpu_path.py) and keeps AutoTokenizer only for directories without one (slow /
+sentencepiece-only tokenizers). And
 transformers is imported without its "PyTorch was not found" advice (`_transformers`): the trainer
 only needs its tokenizers.
 """
