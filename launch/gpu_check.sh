@@ -10,7 +10,8 @@
 # vLLM --vllm_memory (0.4). Python packages missing on the machine may be carried as wheels in
 # .whl/ (installed to /tmp/site first), e.g. for an image without them:
 #   pip download --no-deps -d .whl ml-collections==1.1.0 tensorboardX==2.6.5
-# PYTHON picks the interpreter (default python3).
+# PYTHON picks the interpreter (default python3). Before a GPU is there, check that the config fits
+# one H200 by the memory plan: python bench/gpu_check.py --plan_only --out /tmp/plan (no GPU needed).
 # Budget: about 8 minutes on an H200 (vLLM compile + CUDA graphs, JAX compile, 20 steps); the whole
 # check is stopped after GPU_CHECK_TIMEOUT_S (default 540) seconds.
 set -euo pipefail

@@ -71,3 +71,23 @@ def test_cpu_smoke_runs_the_real_pipeline(tmp_path, backend):
     assert saved["mismatch_comparisons"][0]["logprob_abs_diff_max"] < 1e-4
   assert (tmp_path / "metrics.jsonl").exists()
   assert out["steps"] == saved["steps"]
+
+
+def test_plan_only_fits_one_h200(tmp_path):
+  """`--plan_only`: the check's config (B=64 x 640 tokens of Qwen3-0.6B shapes, bf16, remat) fits
+  the trainer's 45% of one 141 GiB H200 by the memory plan; the config before issue 28 (one
+  micro-batch, 512-token log-prob chunks: ~70 GiB) exits 3."""
+  gc = load_gpu_check()
+  plan = gc.main(["--plan_only", "--out", str(tmp_path / "ok")])
+  saved = json.loads((tmp_path / "ok" / "plan.json").read_text())
+  assert saved["fits"] is True and plan["fits"] is True
+  assert saved["model"]["params"] > 5e8 and saved["micro_batch"]["rows_per_device"] == 16
+  assert saved["device_memory_bytes"] == int(141 * 0.45 * 2 ** 30)
+  assert saved["per_device_bytes"]["total"] < saved["device_memory_bytes"]
+  assert saved["time"]["publish_stall_s"] > 0  # the refresh stall against the step
+  with pytest.raises(SystemExit) as e:
+    gc.main(["--plan_only", "--out", str(tmp_path / "old"), "--num_microbatches", "1",
+             "--logprob_chunk", "512"])
+  assert e.value.code == 3
+  old = json.loads((tmp_path / "old" / "plan.json").read_text())
+  assert old["fits"] is False and old["per_device_bytes"]["total"] > 68 * 2 ** 30

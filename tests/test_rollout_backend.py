@@ -22,7 +22,8 @@ def test_vllm_settings_cpu_keeps_the_test_setup_and_gpu_runs_as_vllm_is_meant():
   cpu = workers.vllm_engine_settings(c, on_cpu=True)
   assert cpu == dict(max_model_len=256, max_num_seqs=128, dtype="float32", enforce_eager=True,
                      disable_torch_compile=True,
-                     env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                     env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                          "VLLM_ENGINE_READY_TIMEOUT_S": "300"})
   c = config(vllm_gpu_memory_utilization=0.35, vllm_tensor_parallel_size=2, vllm_max_model_len=4096)
   gpu = workers.vllm_engine_settings(c, on_cpu=False)
   assert gpu["dtype"] == "bfloat16" and gpu["max_model_len"] == 4096

@@ -78,12 +78,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.vllm_enforce_eager = "auto"  # auto (eager on CPU, CUDA graphs on GPU) | true | false
   c.rollout.vllm_engine_process = "auto"  # auto (in-process engine core on CPU, vLLM's own
                                    # engine-core process on GPU) | true | false
+  c.rollout.vllm_startup_timeout_s = 0.0  # an engine's start-up (the worker process, vLLM's
+                                   # engine core, torch.compile, CUDA-graph capture) before it is
+                                   # declared dead [s]; 0 = auto: 300 on CPU, on GPU 600 + 300 per
+                                   # engine starting at once (cold compiles of W engines share the
+                                   # node's CPUs)
   c.rollout.vllm_dtype = "auto"     # engine weights and compute: auto (float32 on CPU, bfloat16 on
                                    # GPU) | float32 | bfloat16 | float16; weights are published in it
   c.rollout.weight_transport = "shm"  # how new weights reach vLLM engines: shm (HF tensors in one
                                    # /dev/shm segment, written off the trainer's thread, loaded through
                                    # vLLM's weight-transfer API) | file (an HF safetensors dir per
                                    # refresh); JAX samplers always get device arrays
+  c.rollout.keep_versions = 3      # weight versions a publisher keeps for the workers (>= 2;
+                                   # shm: each a /dev/shm slot of the model in vllm_dtype, never
+                                   # reused while among the newest; fewer: less shared memory, more
+                                   # superseded loads)
   c.rollout.sampler_batch_size = 64
   c.rollout.placement = "local"    # where workers run: local (this process / child processes of
                                    # this machine) | ray (Ray actors; weights through Ray's object
@@ -168,6 +177,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    # before issue 13) | never (keeps [B, T, V] logits); same values
   c.trainer.log_entropy = True     # the train step's "entropy" metric (mean next-token entropy over
                                    # completion tokens; one more pass over each logits chunk)
+  c.trainer.compilation_cache = "auto"  # JAX's persistent compilation cache (a restart reuses
+                                   # compiled steps): auto (WORKDIR/xla_cache on GPU, off on CPU) |
+                                   # off | a directory (shared by runs; any platform)
   c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
   c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
                                    # the fewest token slots); same loss and gradients, less padding

@@ -11,14 +11,27 @@ workers, read by `workers.RolloutBackend`) before JAX is imported.
                             device's own (GPU) or no check (CPU)
   devices.memory_fraction   the share of it JAX may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION)
 
+GPU ids are CUDA's: ordinals in PCI bus order (`apply_to_environment` exports
+CUDA_DEVICE_ORDER=PCI_BUS_ID for this process and every process it starts, so the trainer, the
+engines and nvidia-smi number the GPUs alike), or GPU-/MIG- uuids. The visible GPUs are
+CUDA_VISIBLE_DEVICES when set, else what the CUDA driver enumerates (`cuda_probe`, ctypes on
+libcuda in a short subprocess: this process must not initialise CUDA before its
+CUDA_VISIBLE_DEVICES is set), else nvidia-smi's count. A container given /dev/nvidia3 and
+/dev/nvidia5 sees CUDA devices 0 and 1, which is what these return (never the /dev/nvidiaN numbers).
+
+`check_one_cuda_major` refuses an environment holding both CUDA-12 and CUDA-13 NVIDIA pip packages
+(their cuDNN / NCCL wheels overwrite each other's files: JAX or torch would load the other's build).
+
 This module imports no JAX (it runs before JAX picks its devices).
 """
 from __future__ import annotations
 
 import dataclasses
-import glob
+import json
 import os
 import re
+import subprocess
+import sys
 from typing import Optional, Sequence
 
 
@@ -37,24 +50,154 @@ class GpuSplit:
     return self.workers[i * self.per_worker:(i + 1) * self.per_worker]
 
 
+_GPU_ID = re.compile(r"\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9A-Za-z/-]+")
+
+
 def parse_ids(text: str, key: str) -> tuple[str, ...]:
+  """Comma-separated GPU ids: CUDA ordinals, `GPU-<uuid>` or `MIG-<uuid>` (as CUDA_VISIBLE_DEVICES
+  takes them)."""
   ids = tuple(s.strip() for s in str(text).split(",") if s.strip())
-  bad = [i for i in ids if not re.fullmatch(r"\d+|GPU-[0-9a-fA-F-]+", i)]
+  bad = [i for i in ids if not _GPU_ID.fullmatch(i)]
   if bad:
     raise ValueError(f"{key}={text!r}: expected comma-separated GPU indices such as '0,1,2' "
-                     f"(bad entries: {bad})")
+                     f"(or GPU-/MIG- uuids; bad entries: {bad})")
   if len(set(ids)) != len(ids):
     raise ValueError(f"{key}={text!r} names a GPU twice")
   return ids
 
 
-def visible_gpus(environ: Optional[dict] = None) -> tuple[str, ...]:
-  """GPU ids this process may use: CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN devices."""
+# Run in a subprocess by `cuda_probe`: the CUDA driver's devices (honours CUDA_VISIBLE_DEVICES and
+# CUDA_DEVICE_ORDER), as JSON [{"ordinal", "uuid", "pci"}], or {"error": ...}.
+_CUDA_PROBE = r"""
+import ctypes, json
+def probe():
+  try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+  except OSError as e:
+    return {"error": f"no CUDA driver library: {e}"}
+  rc = cuda.cuInit(0)
+  if rc == 100:  # CUDA_ERROR_NO_DEVICE
+    return []
+  if rc != 0:
+    return {"error": f"cuInit failed with CUresult {rc}"}
+  n = ctypes.c_int()
+  if cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
+    return {"error": "cuDeviceGetCount failed"}
+  out = []
+  for i in range(n.value):
+    dev = ctypes.c_int()
+    uuid = (ctypes.c_ubyte * 16)()
+    pci = ctypes.create_string_buffer(32)
+    get_uuid = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
+    if (cuda.cuDeviceGet(ctypes.byref(dev), i) or get_uuid(uuid, dev)
+        or cuda.cuDeviceGetPCIBusId(pci, 32, dev)):
+      return {"error": f"querying CUDA device {i} failed"}
+    h = bytes(uuid).hex()
+    out.append({"ordinal": i, "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}",
+                "pci": pci.value.decode()})
+  return out
+print(json.dumps(probe()))
+"""
+
+
+def cuda_probe(environ: Optional[dict] = None, timeout_s: float = 60.0) -> Optional[list[dict]]:
+  """The GPUs the CUDA driver enumerates under `environ` (its CUDA_VISIBLE_DEVICES and
+  CUDA_DEVICE_ORDER), each {"ordinal", "uuid", "pci"}, found by ctypes on libcuda.so.1 in a short
+  subprocess (so this process never initialises CUDA); None when there is no driver or it fails."""
+  env = dict(os.environ if environ is None else environ)
+  try:
+    out = subprocess.run([sys.executable, "-c", _CUDA_PROBE], env=env, capture_output=True,
+                         text=True, timeout=timeout_s, check=False)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+  except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    return None
+  return found if isinstance(found, list) else None
+
+
+def nvidia_smi_count(timeout_s: float = 60.0) -> Optional[int]:
+  """How many GPUs nvidia-smi lists (in this container), or None without a working nvidia-smi."""
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=timeout_s, check=True)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return len([line for line in out.stdout.splitlines() if line.strip()])
+
+
+def _has_nvidia_driver() -> bool:
+  """Whether an NVIDIA driver is present at all (a cheap gate before probing)."""
+  return os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia")
+
+
+def visible_gpus(environ: Optional[dict] = None, probe=None, smi_count=None,
+                 has_driver=None) -> tuple[str, ...]:
+  """GPU ids this process may use: CUDA_VISIBLE_DEVICES when set (up to a first negative entry,
+  which hides the rest from CUDA), else CUDA's ordinals 0..n-1 of the devices the driver
+  enumerates (`cuda_probe`, else `nvidia_smi_count`); () without an NVIDIA driver.
+  `probe`, `smi_count` and `has_driver` replace those functions (tests)."""
   env = os.environ if environ is None else environ
   if "CUDA_VISIBLE_DEVICES" in env:
-    return parse_ids(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")
-  found = [m.group(1) for p in glob.glob("/dev/nvidia*") if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))]
-  return tuple(sorted(found, key=int))
+    entries = [s.strip() for s in env["CUDA_VISIBLE_DEVICES"].split(",") if s.strip()]
+    cut = next((i for i, e in enumerate(entries) if re.fullmatch(r"-\d+", e)), len(entries))
+    return parse_ids(",".join(entries[:cut]), "CUDA_VISIBLE_DEVICES")
+  if not (has_driver or _has_nvidia_driver)():
+    return ()
+  probe_env = dict(env)
+  probe_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+  found = (probe or cuda_probe)(probe_env)
+  if found is not None:
+    return tuple(str(d["ordinal"]) for d in found)
+  count = (smi_count or nvidia_smi_count)()
+  return tuple(str(i) for i in range(count or 0))
+
+
+# Distribution-name patterns of CUDA-major-specific packages (pip names, normalised to lower case
+# with "-"): the -cuNN suffix of NVIDIA's wheels, JAX's CUDA plugins.
+_CUDA_SUFFIX = re.compile(r".*-cu(\d+)")
+_JAX_CUDA = re.compile(r"jax-cuda(\d+)-(plugin|pjrt)")
+# CUDA 13's unsuffixed runtime wheels (cuda-toolkit 13: nvidia-cuda-runtime 13.x, ...): their major
+# is the version's first number.
+_UNSUFFIXED = ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cublas", "nvidia-cuda-cupti")
+
+
+def cuda_majors(distributions: Optional[Sequence[tuple[str, str]]] = None) -> dict[int, list[str]]:
+  """{CUDA major: ["name==version", ...]} of the installed NVIDIA / JAX CUDA packages.
+  `distributions` ((name, version) pairs) replaces the installed list (tests)."""
+  if distributions is None:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    distributions = [(d.metadata["Name"] or "", d.version) for d in metadata.distributions()]
+  majors: dict[int, list[str]] = {}
+  for name, version in distributions:
+    norm = re.sub(r"[-_.]+", "-", str(name)).lower()
+    m = _CUDA_SUFFIX.fullmatch(norm) or _JAX_CUDA.fullmatch(norm)
+    if m and (norm.startswith("nvidia-") or norm.startswith("jax-")):
+      major = int(m.group(1))
+    elif norm in _UNSUFFIXED and str(version).split(".")[0].isdigit():
+      major = int(str(version).split(".")[0])
+    else:
+      continue
+    majors.setdefault(major, []).append(f"{name}=={version}")
+  return majors
+
+
+def check_one_cuda_major(distributions: Optional[Sequence[tuple[str, str]]] = None,
+                         environ: Optional[dict] = None) -> None:
+  """Raises RuntimeError when NVIDIA pip packages of two CUDA majors are installed together
+  (JAXREPLAY_ALLOW_MIXED_CUDA=1 skips the check)."""
+  env = os.environ if environ is None else environ
+  if env.get("JAXREPLAY_ALLOW_MIXED_CUDA", "") == "1":
+    return
+  majors = cuda_majors(distributions)
+  if len(majors) < 2:
+    return
+  listing = "; ".join(f"CUDA {m}: {', '.join(sorted(p)[:6])}{' ...' if len(p) > 6 else ''}"
+                      for m, p in sorted(majors.items()))
+  raise RuntimeError(
+      f"this environment holds NVIDIA packages of CUDA majors {sorted(majors)} ({listing}). Their "
+      "cuDNN, NCCL and NVSHMEM wheels install the same files (nvidia/cudnn/lib/libcudnn.so.9, ...), "
+      "so JAX or torch/vLLM would load a build for the other CUDA. vLLM 0.32's torch 2.13 is "
+      "CUDA 13: install into a fresh environment with `pip install -e '.[gpu]'` (jax[cuda13]), or "
+      "`pip uninstall` the CUDA-12 packages listed; set JAXREPLAY_ALLOW_MIXED_CUDA=1 to go on anyway")
 
 
 def split_gpus(config, gpus: Sequence[str]) -> GpuSplit:
@@ -99,15 +242,22 @@ def split_gpus(config, gpus: Sequence[str]) -> GpuSplit:
   return GpuSplit(trainer=trainer, workers=workers, per_worker=tp)
 
 
-def apply_to_environment(config, environ: Optional[dict] = None) -> Optional[GpuSplit]:
+def apply_to_environment(config, environ: Optional[dict] = None,
+                         visible: Optional[Sequence[str]] = None,
+                         distributions: Optional[Sequence[tuple[str, str]]] = None
+                         ) -> Optional[GpuSplit]:
   """On a GPU machine: restricts this process (the trainer) to its GPUs and hands the workers
-  theirs, through the environment; must run before JAX is imported. None on machines without
-  GPUs (nothing is changed)."""
+  theirs, through the environment (CUDA_DEVICE_ORDER=PCI_BUS_ID unless set, so that every process
+  numbers the GPUs alike); refuses an environment with two CUDA majors (`check_one_cuda_major`);
+  must run before JAX is imported. None on machines without GPUs (nothing is changed).
+  `visible` / `distributions` replace the probed GPUs / installed packages (tests)."""
   env = os.environ if environ is None else environ
-  gpus = visible_gpus(env)
+  gpus = tuple(visible) if visible is not None else visible_gpus(env)
   if not gpus:
     return None
+  check_one_cuda_major(distributions, env)
   split = split_gpus(config, gpus)
+  env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
   env["CUDA_VISIBLE_DEVICES"] = ",".join(split.trainer)
   env["JAXREPLAY_WORKER_GPUS"] = ",".join(split.workers)
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(config.devices.memory_fraction))

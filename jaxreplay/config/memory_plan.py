@@ -15,6 +15,13 @@ the first T emulated CPU devices elsewhere) and adds up what one trainer device 
 
 `check_fits` compares the total with devices.memory_gib x devices.memory_fraction (or the GPU's own
 memory). `dry_run(config, workdir)` prints the plan with the device split and writes WORKDIR/plan.json.
+
+`time` (`time_plan`): the trainer's stall per weight refresh against its step, both estimated from
+stated constants (not measured): the publish of vLLM engines' weights is one device -> host copy of
+the model in the engines' dtype at `HOST_COPY_GBPS` (the segment write runs on a background
+thread), the step is its model FLOPs at full rows (remat's recomputed forward included) at
+`ASSUMED_MFU` of `PEAK_TFLOPS` per trainer device. A run logs the real ones as `time/publish_s` and
+`time/step_s`.
 """
 from __future__ import annotations
 
@@ -34,6 +41,13 @@ from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
 
 GIB = 1024 ** 3
+
+
+# Stated constants of the time plan (see the module docstring), not measurements.
+HOST_COPY_GBPS = 10.0  # device -> host into pageable memory over PCIe Gen5 x16 [GB/s] (pinned
+                       # copies reach ~50; XLA's transfers of large arrays land between)
+PEAK_TFLOPS = 989.0    # dense bf16 matmul peak of one H100 / H200 SXM [TFLOP/s]
+ASSUMED_MFU = 0.4      # share of that peak a long-context train step reaches (model FLOPs)
 
 
 class DoesNotFit(RuntimeError):
@@ -80,7 +94,7 @@ def batch_rule_errors(c, mesh) -> list[str]:
 
 
 def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: int,
-                     flash_attention: bool = False) -> int:
+                     flash_attention: bool = False, dense_bias: bool = False) -> int:
   """Estimated peak activation bytes of one device's micro-batch (`rows` sequences of `seq_len`).
 
   Per layer: the residual stream saved for the backward [rows, T, D] and the layer's working set in
@@ -89,19 +103,25 @@ def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: in
   gradient) unless flash attention. With model.remat the stream is kept per layer and one layer's
   working set exists at a time; without it every layer's is kept. Plus the log-prob chunk's f32
   logits [rows, chunk, V] three times. Calibrated against XLA's compiled temp bytes on CPU
-  (tests/test_memory_plan.py: within 1.5x either way).
+  (tests/test_memory_plan.py: within 1.5x either way). `dense_bias` (flash attention over packed
+  rows: cuDNN gets the segment mask as an additive bias): the bool mask [rows, T, T] kept for the
+  backward, and one layer's bias and bias gradient [rows, 1, T, T] in the compute dtype.
   """
   cb = np.dtype(cfg.compute_dtype).itemsize
   tokens = rows * seq_len
   hq, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
   stream = tokens * cfg.hidden_size * cb
   work = tokens * ((2 * hq + 2 * hkv) * hd + 4 * cfg.intermediate_size + 2 * cfg.hidden_size) * cb
+  mask = 0
   if not flash_attention:
     work += 3 * rows * hq * seq_len * seq_len * 4
+  elif dense_bias:
+    work += 2 * rows * seq_len * seq_len * cb  # one layer's bias and bias gradient
+    mask = rows * seq_len * seq_len  # the bool mask, one for every layer
   layers = cfg.num_hidden_layers
   body = layers * stream + work if cfg.remat else layers * (stream + work)
   logits = 3 * rows * min(chunk, seq_len) * cfg.vocab_size * 4
-  return int(body + logits)
+  return int(body + logits + mask)
 
 
 def kv_cache_bytes(cfg: models.ModelConfig, rows: int, max_len: int) -> int:
@@ -147,7 +167,10 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   # model.attention "auto" is cuDNN flash attention on GPU in bfloat16: the plan is the GPU's.
   attention = c.model.get("attention", "einsum")
   flash = attention == "cudnn" or (attention == "auto" and c.model.dtype == "bfloat16")
-  activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash)
+  # Packed rows reach cuDNN as a dense segment mask (a bias and its gradient); unpacked rows as
+  # lengths (`transformer.cudnn_call_args`).
+  dense_bias = flash and bool(t.get("pack", False))
+  activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash, dense_bias)
   kv = 0
   rollout_backend = c.rollout.backend
   if rollout_backend == "auto":
@@ -173,14 +196,47 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                   "platform": mesh.devices.flat[0].platform,
                   "rollout_workers": int(c.rollout.num_workers), "rollout_backend": rollout_backend, "eval_backend": eval_backend},
       "micro_batch": {"rows_per_device": int(rows), "tokens_per_row": int(c.model.max_len),
-                      "num_microbatches": int(t.num_microbatches), "flash_attention": flash},
+                      "num_microbatches": int(t.num_microbatches), "flash_attention": flash,
+                      "attention_dense_bias": dense_bias},
       "per_device_bytes": {k: int(v) for k, v in per_device.items()},
       "params_fraction_per_device": params / max(1, cfg.num_params() *
                                                  np.dtype(cfg.params_dtype).itemsize),
       "padded_leaves": {k: {"logical": list(a), "storage": list(b)} for k, (a, b) in padded.items()},
       "device_memory_bytes": limit,
       "fits": None if limit is None else bool(per_device["total"] <= limit),
+      "time": time_plan(c, cfg, rollout_backend),
   }
+
+
+def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any]:
+  """The trainer's publish stall against its step (see the module docstring); JSON-ready."""
+  t = c.trainer
+  tokens = int(c.buffer.batch_size) * int(c.model.max_len)
+  per_token = 3 * cfg.flops_per_token(int(c.model.max_len))  # forward + backward (2x forward)
+  if cfg.remat:
+    per_token += cfg.flops_per_token(int(c.model.max_len))  # the recomputed forward
+  step_s = tokens * per_token / (int(t.num_devices) * PEAK_TFLOPS * 1e12 * ASSUMED_MFU)
+  if rollout_backend == "vllm":
+    vllm_dtype = c.rollout.get("vllm_dtype", "auto")
+    dtype = vllm_dtype if vllm_dtype != "auto" else (
+        "bfloat16" if c.model.dtype == "bfloat16" else "float32")
+    nbytes = cfg.num_params() * np.dtype(jax.numpy.dtype(dtype)).itemsize
+    how = (f"one device -> host copy of the model in {dtype} at {HOST_COPY_GBPS:g} GB/s on the "
+           "trainer's thread; the segment write is in the background")
+    stall = nbytes / (HOST_COPY_GBPS * 1e9)
+  else:
+    nbytes, stall, dtype = 0, 0.0, c.model.param_dtype
+    how = "device copies for the in-process JAX samplers (no host copy)"
+  every = int(c.rollout.refresh_every)
+  return {"publish_bytes": int(nbytes), "publish_dtype": dtype, "publish_stall_s": stall,
+          "publish": how, "step_s": step_s, "step_tokens": tokens,
+          "step": (f"{tokens} tokens (buffer.batch_size x model.max_len: full rows) x "
+                   f"{per_token / 1e9:.3g} GFLOP at {ASSUMED_MFU:g} of {PEAK_TFLOPS:g} TFLOP/s on "
+                   f"{int(t.num_devices)} devices"),
+          "refresh_every": every,
+          "publish_fraction": stall / (stall + every * step_s) if step_s > 0 else 0.0,
+          "assumed": {"host_copy_gbps": HOST_COPY_GBPS, "peak_tflops": PEAK_TFLOPS,
+                      "mfu": ASSUMED_MFU}}
 
 
 def check_fits(p: dict[str, Any]) -> None:
@@ -193,7 +249,8 @@ def check_fits(p: dict[str, Any]) -> None:
   raise DoesNotFit(
       f"the plan needs {p['per_device_bytes']['total'] / GIB:.1f} GiB per trainer device but "
       f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable ({top} GiB). Lower it with more "
-      "trainer devices (trainer.num_devices), more trainer.num_microbatches, model.remat=True, "
+      "trainer devices (trainer.num_devices), more trainer.num_microbatches, a smaller "
+      "trainer.logprob_chunk, model.remat=True, "
       "a smaller model.max_len or rollout.sampler_batch_size, or raise devices.memory_fraction")
 
 
@@ -217,6 +274,12 @@ def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None)
   limit = p["device_memory_bytes"]
   lines.append(f"usable memory: {'unknown (set devices.memory_gib)' if limit is None else f'{limit / GIB:.2f} GiB'}"
                f"; fits: {p['fits']}")
+  if "time" in p:
+    tp = p["time"]
+    lines.append(f"refresh stall (estimate): {tp['publish_stall_s']:.2f} s per publish "
+                 f"({tp['publish_bytes'] / 1e9:.1f} GB) vs a step of ~{tp['step_s']:.1f} s: "
+                 f"{100 * tp['publish_fraction']:.1f}% of the trainer's time at refresh_every="
+                 f"{tp['refresh_every']}")
   lines.append(f"params per device: {p['params_fraction_per_device']:.3f} of the model"
                f"{'; padded leaves: ' + ', '.join(p['padded_leaves']) if p['padded_leaves'] else ''}")
   return "\n".join(lines)

@@ -148,6 +148,12 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
   for key in ("vllm_enforce_eager", "vllm_engine_process"):
     if str(r[key]).lower() not in TRI_STATE:
       errors.append(f"rollout.{key}={r[key]!r}: expected 'auto', 'true' or 'false'")
+  if r.keep_versions < 2:
+    errors.append(f"rollout.keep_versions={r.keep_versions} must be >= 2 (a worker may still "
+                  "load version v while v + 1 is written)")
+  if r.vllm_startup_timeout_s < 0:
+    errors.append(f"rollout.vllm_startup_timeout_s={r.vllm_startup_timeout_s} must be >= 0 "
+                  "[s] (0 = auto: 300 on CPU, 600 + 300 per engine on GPU)")
   if r.vllm_dtype not in backends.VLLM_DTYPES:
     errors.append(f"rollout.vllm_dtype={r.vllm_dtype!r}: expected one of {backends.VLLM_DTYPES}")
   if r.weight_transport not in backends.WEIGHT_TRANSPORTS:
@@ -269,6 +275,13 @@ def trainer_errors(t, c) -> list[str]:
     errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
                   f"trainer.warmup_steps={t.warmup_steps}; lower warmup_steps or use "
                   "trainer.schedule='constant'")
+  cache = str(t.get("compilation_cache", "auto"))
+  if not cache.strip():
+    errors.append("trainer.compilation_cache='' : expected 'auto' (WORKDIR/xla_cache on GPU, off "
+                  "on CPU), 'off' or a directory")
+  elif cache not in ("auto", "off") and os.path.exists(cache) and not os.path.isdir(cache):
+    errors.append(f"trainer.compilation_cache={cache!r} is a file; give a directory (made when "
+                  "missing), 'auto' or 'off'")
   if t.max_nonfinite_skips < 1:
     errors.append(f"trainer.max_nonfinite_skips={t.max_nonfinite_skips} must be >= 1 "
                   "(consecutive non-finite updates skipped before the run stops)")

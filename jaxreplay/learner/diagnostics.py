@@ -122,12 +122,14 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
   def micro_loss(params, ref_params, mb: Batch, lfn):
     lp = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
                                      mb.segment_ids, chunk_size=chunk_size, remat=logprob_remat,
-                                     processing=logprob_processing)
+                                     processing=logprob_processing,
+                                     single_sequence_rows=not mb.packed)
     ref_lp = None
     if ref_params is not None:
       ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
           model_cfg, ref_params, mb.tokens, mb.targets, mb.positions, mb.segment_ids,
-          chunk_size=chunk_size, processing=logprob_processing))
+          chunk_size=chunk_size, processing=logprob_processing,
+          single_sequence_rows=not mb.packed))
     loss, _ = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     return loss, lp
 

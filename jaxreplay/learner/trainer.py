@@ -385,13 +385,15 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
                                       mb.segment_ids, chunk_size=chunk_size,
                                       return_entropy=compute_entropy, remat=logprob_remat,
-                                      processing=logprob_processing)
+                                      processing=logprob_processing,
+                                      single_sequence_rows=not mb.packed)
     lp, ent = out if compute_entropy else (out, None)
     ref_lp = None
     if ref_params is not None:
       ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
           model_cfg, jax.lax.stop_gradient(ref_params), mb.tokens, mb.targets, mb.positions,
-          mb.segment_ids, chunk_size=chunk_size, processing=logprob_processing))
+          mb.segment_ids, chunk_size=chunk_size, processing=logprob_processing,
+          single_sequence_rows=not mb.packed))
     loss, aux = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     m = (mb.completion_mask > 0).astype(jnp.float32)
     ent_sum = jnp.sum(jax.lax.stop_gradient(ent) * m) if ent is not None else jnp.zeros(())
@@ -527,7 +529,8 @@ def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, ch
     out = logprobs_lib.token_logprobs(model_cfg, params, batch.tokens, batch.targets,
                                       batch.positions, batch.segment_ids, chunk_size=chunk_size,
                                       return_entropy=return_entropy,
-                                      processing=logprob_processing)
+                                      processing=logprob_processing,
+                                      single_sequence_rows=not batch.packed)
     valid = batch.completion_mask > 0
     if return_entropy:
       return jnp.where(valid, out[0], 0.0), jnp.where(valid, out[1], 0.0)

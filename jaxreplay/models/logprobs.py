@@ -164,7 +164,8 @@ def _chunk_stats(cfg: ModelConfig, params: dict, h: jax.Array, targets: jax.Arra
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: jax.Array,
                    positions: Optional[jax.Array] = None, segment_ids: Optional[jax.Array] = None,
                    chunk_size: int = 512, return_entropy: bool = False, remat: str = "auto",
-                   processing: Optional[LogprobProcessing] = None):
+                   processing: Optional[LogprobProcessing] = None,
+                   single_sequence_rows: bool = False):
   """log p(targets[b, t] | tokens[b, :t+1]) for every position.
 
   Args:
@@ -181,6 +182,8 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: j
     processing: None (log_softmax of the raw logits), or the sampling distribution whose
       log-probs (and entropy) to return (`LogprobProcessing`); one whose `is_identity` holds is
       treated as None (the same computation, bit for bit).
+    single_sequence_rows: every row is one right-padded sequence (an unpacked batch): lets cuDNN
+      attention mask by lengths instead of a dense bias (`transformer.hidden_states`).
   Returns:
     float32 [B, T] log-probs, and float32 [B, T] entropies when `return_entropy`.
   """
@@ -193,7 +196,8 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, targets: j
   if processing is not None and processing.is_identity:
     processing = None
   params = layout.unpad(cfg, params, layers=False)
-  h = transformer.hidden_states(cfg, params, tokens, positions, segment_ids)  # [B, T, D]
+  h = transformer.hidden_states(cfg, params, tokens, positions, segment_ids,
+                                single_sequence_rows)  # [B, T, D]
   b, t, d = h.shape
   chunk = min(chunk_size, t)
   n = -(-t // chunk)

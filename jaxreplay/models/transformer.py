@@ -178,8 +178,69 @@ def resolve_attention(implementation: str, dtype: Any) -> str:
   return "xla"
 
 
+_WARNED: set[str] = set()  # cuDNN fallbacks already reported in this process (one warning each)
+
+
+def _gpu_compute_capability() -> Optional[tuple[int, ...]]:
+  """The first GPU's compute capability, or None when JAX has no GPU (or does not say)."""
+  try:
+    if jax.default_backend() != "gpu":
+      return None
+    return tuple(int(x) for x in str(jax.devices()[0].compute_capability).split("."))
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def cudnn_problem(q_shape: tuple[int, ...], k_shape: tuple[int, ...], dtype: Any,
+                  with_bias: bool, compute_capability: Optional[tuple[int, ...]] = None
+                  ) -> Optional[str]:
+  """Why cuDNN flash attention would reject q [B, T, Hq, hd] / k [B, S, Hkv, hd] in `dtype`, or
+  None: bf16 / f16 only; head_dim a multiple of 8 and <= 128 (<= 256 on Hopper or later);
+  query heads a multiple of key/value heads; with a bias (the dense-mask path) and a backward, T
+  and S even. `compute_capability` (default: the first GPU's; None: unknown, 256 allowed)."""
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"dtype {jnp.dtype(dtype).name} (cuDNN flash attention takes bfloat16 / float16)"
+  _, t, hq, hd = q_shape
+  s, hkv = k_shape[1], k_shape[2]
+  cc = compute_capability if compute_capability is not None else _gpu_compute_capability()
+  h_max = 256 if cc is None or cc >= (9, 0) else 128
+  if hd % 8 or hd > h_max:
+    return f"head_dim {hd} (cuDNN needs a multiple of 8, at most {h_max} on this GPU)"
+  if hq % hkv:
+    return f"{hq} query heads over {hkv} key/value heads (not a multiple)"
+  if with_bias and (t % 2 or s % 2):
+    return f"odd sequence lengths T={t}, S={s} with a mask (cuDNN's bias gradient needs even ones)"
+  return None
+
+
+def _cudnn_fallback(implementation: str, q, k, reason: str) -> None:
+  """Explicit "cudnn": ValueError naming the fix. "auto": one warning per reason and process."""
+  if implementation != "auto":
+    raise ValueError(f"cuDNN attention rejected q {q.shape} {q.dtype}, k {k.shape}: {reason}; set "
+                     "model.attention='xla' (or 'auto', which falls back to it)")
+  key = f"{q.shape[1:]}|{k.shape[1:]}|{q.dtype}|{reason}"
+  if key not in _WARNED:
+    _WARNED.add(key)
+    logging.warning("cuDNN attention rejected q %s %s, k %s (%s); using XLA attention",
+                    q.shape, q.dtype, k.shape, reason)
+
+
+def cudnn_call_args(mask: jax.Array, causal: bool,
+                    lengths: Optional[jax.Array]) -> dict[str, Any]:
+  """The masking arguments `attention` hands `jax.nn.dot_product_attention` for cuDNN: with
+  `lengths` (one right-padded sequence per row) and `causal`, `is_causal` + per-row query / key
+  lengths (cuDNN's PADDING_CAUSAL mask: no bias, no bias gradient); otherwise the dense mask
+  [B, 1, T, S], which cuDNN turns into an additive bias in the compute dtype and whose gradient
+  its backward computes (`memory_plan.activation_bytes` counts both)."""
+  if lengths is not None and causal:
+    lengths = lengths.astype(jnp.int32)
+    return dict(is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths)
+  return dict(mask=mask[:, None], is_causal=causal)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-              implementation: str = "auto", causal: bool = False) -> jax.Array:
+              implementation: str = "auto", causal: bool = False,
+              lengths: Optional[jax.Array] = None) -> jax.Array:
   """Grouped-query attention with `jax.nn.dot_product_attention` (or the einsum reference).
 
   q [B, T, Hq, hd], k/v [B, S, Hkv, hd] (one dtype), mask bool [B, T, S] (True: query t sees key s;
@@ -187,11 +248,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
   implementation: "xla" (jax's XLA attention: softmax in float32; it still materialises the
     [B, Hkv, G, T, S] float32 scores), "cudnn" (cuDNN flash attention, GPU only, bf16/f16: the
-    scores never exist whole; the mask becomes a [B, 1, T, S] additive bias in the compute dtype),
-    "einsum" (`einsum_attention`), or "auto" (`resolve_attention`; when cuDNN rejects the shapes or
-    dtypes at trace time, "auto" falls back to "xla" with a warning, an explicit "cudnn" raises).
+    scores never exist whole), "einsum" (`einsum_attention`), or "auto" (`resolve_attention`).
+    cuDNN's constraints are checked first (`cudnn_problem`); when cuDNN cannot take the shapes
+    or dtypes (that check, or jax's at trace time), "auto" falls back to "xla" with one warning
+    per process, an explicit "cudnn" raises ValueError naming the fix.
   causal: the mask is also causal with queries and keys aligned (T == S, training / prefill); lets
     cuDNN skip the upper triangle. The mask must already contain the causal pattern.
+  lengths: int32 [B] when every row is one sequence right-padded to T (key s visible to query t iff
+    s <= t < lengths): with `causal`, cuDNN then masks by lengths instead of a [B, 1, T, S] bias
+    (`cudnn_call_args`). The mask must agree; the XLA and einsum kernels use the mask.
 
   Rows whose mask is all False (padding) give finite outputs (the output there is unspecified:
   callers mask those positions out).
@@ -202,16 +267,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   mask4 = mask[:, None]  # [B, 1, T, S], broadcast over heads
   if impl == "xla":
     return jax.nn.dot_product_attention(q, k, v, mask=mask4, implementation="xla")
-  try:
-    return jax.nn.dot_product_attention(q, k, v, mask=mask4, is_causal=causal,
-                                        implementation="cudnn")
-  except (ValueError, NotImplementedError, RuntimeError) as e:
-    if implementation != "auto":
-      raise ValueError(f"cuDNN attention rejected q {q.shape} {q.dtype}, k {k.shape}: {e}; set "
-                       "model.attention='xla' (or 'auto', which falls back to it)") from e
-    logging.warning("cuDNN attention rejected q %s %s, k %s (%s); using XLA attention",
-                    q.shape, q.dtype, k.shape, e)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask4, implementation="xla")
+  masking = cudnn_call_args(mask, causal, lengths)
+  problem = cudnn_problem(q.shape, k.shape, q.dtype, with_bias="mask" in masking)
+  if problem is None:
+    try:
+      return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **masking)
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+      problem = str(e)
+  _cudnn_fallback(implementation, q, k, problem)
+  return jax.nn.dot_product_attention(q, k, v, mask=mask4, implementation="xla")
 
 
 def project_qkv(cfg: ModelConfig, lp: Params, x: jax.Array, positions: jax.Array):
@@ -280,11 +344,14 @@ def _defaults(tokens, positions, segment_ids):
 
 def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
                   positions: Optional[jax.Array] = None,
-                  segment_ids: Optional[jax.Array] = None) -> jax.Array:
+                  segment_ids: Optional[jax.Array] = None,
+                  single_sequence_rows: bool = False) -> jax.Array:
   """Final-normed hidden states [B, T, D] in the compute dtype.
 
   tokens int32 [B, T]; positions int32 [B, T] (default arange) feed RoPE; segment_ids int32 [B, T]
   (default all ones), 0 = padding: a token attends to earlier tokens of its own nonzero segment.
+  single_sequence_rows: every row is one sequence right-padded (segment ids 1 then 0, an unpacked
+  `Batch`): cuDNN attention then masks by row lengths, with no dense bias (`attention`).
   """
   layout.check_supported(cfg)
   if tokens.ndim != 2:
@@ -292,7 +359,13 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
   positions, segment_ids = _defaults(tokens, positions, segment_ids)
   params = layout.unpad(cfg, params, layers=False)
   mask = attention_mask(segment_ids)
-  attend = lambda q, k, v: (attention(q, k, v, mask, cfg.attention, causal=True), None)
+  lengths = None  # only where cuDNN is asked: other kernels trace exactly as before
+  if single_sequence_rows and resolve_attention(cfg.attention, cfg.compute_dtype) == "cudnn":
+    # >= 1: an all-padding row attends its first token (finite, masked out by the callers) rather
+    # than nothing (cuDNN's output for an empty row is not specified).
+    lengths = jnp.maximum(jnp.sum(segment_ids > 0, axis=1, dtype=jnp.int32), 1)
+  attend = lambda q, k, v: (attention(q, k, v, mask, cfg.attention, causal=True, lengths=lengths),
+                            None)
 
   def layer(x, lp):
     return block(cfg, layout.unpad_layer(cfg, lp), x, positions, attend)
@@ -305,8 +378,10 @@ def hidden_states(cfg: ModelConfig, params: Params, tokens: jax.Array,
 
 def apply(cfg: ModelConfig, params: Params, tokens: jax.Array,
           positions: Optional[jax.Array] = None,
-          segment_ids: Optional[jax.Array] = None) -> jax.Array:
+          segment_ids: Optional[jax.Array] = None,
+          single_sequence_rows: bool = False) -> jax.Array:
   """float32 logits [B, T, V]; arguments as in `hidden_states`. Materialises all of [B, T, V]:
   for training use `logprobs.token_logprobs`, which chunks over T."""
   params = layout.unpad(cfg, params, layers=False)
-  return lm_head(cfg, params, hidden_states(cfg, params, tokens, positions, segment_ids))
+  return lm_head(cfg, params, hidden_states(cfg, params, tokens, positions, segment_ids,
+                                            single_sequence_rows))

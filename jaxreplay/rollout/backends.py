@@ -29,6 +29,7 @@ Where the workers run (rollout.placement):
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from typing import Sequence
@@ -42,6 +43,7 @@ from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.rollout.base import StaleWeights
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+EVAL_KEEP = 2  # versions the evaluation publisher keeps (shm, object store; 1 for HF dirs)
 WEIGHT_TRANSPORTS = ("shm", "file")
 PLACEMENTS = ("local", "ray")
 
@@ -57,10 +59,20 @@ def _device_copies(backend: "RolloutBackend", keep: int):
 
 def _shm_segments(backend: "RolloutBackend", keep: int):
   """vLLM engines of this machine, transport "shm". CPU engines re-pack every kernel from the
-  trainer's [in, out] layout (`vllm.direct_load`): no transposes, written on the trainer's thread."""
+  trainer's [in, out] layout (`vllm.direct_load`): no transposes, written on the trainer's thread.
+
+  /dev/shm must hold every slot of both publishers (a write past it is a SIGBUS): the rollout one
+  checks room for its own slots and the evaluation one's (when evaluation runs on the engines); the
+  evaluation one, made later, for its own and what the rollout one has still to allocate."""
   from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
+  kernel_layout = "jax" if backend.engines_on_cpu else "hf"
+  if backend.publisher is None:
+    reserve = (ShmPublisher.bytes_needed(backend.model_cfg, backend.dtype, EVAL_KEEP, kernel_layout)
+               if backend.evaluates_on_engines else 0)
+  else:
+    reserve = backend.publisher.pending_bytes()
   return ShmPublisher(backend.model_cfg, backend.dtype, keep=max(keep, 2),
-                      kernel_layout="jax" if backend.engines_on_cpu else "hf")
+                      kernel_layout=kernel_layout, reserve_bytes=reserve)
 
 
 def _hf_dirs(backend: "RolloutBackend", keep: int):
@@ -108,10 +120,12 @@ def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> Ro
     env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
   if backend.transport == "file":
     return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
-                             eos_token_ids=backend.stop_ids, **settings)
+                             eos_token_ids=backend.stop_ids,
+                             startup_timeout_s=backend.startup_timeout_s, **settings)
   # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
   worker = VllmWorkerProcess(backend.publisher.model_dir, weights_pending=True, policy_version=-1,
-                             seed=seed, env=env, eos_token_ids=backend.stop_ids, **settings)
+                             seed=seed, env=env, eos_token_ids=backend.stop_ids,
+                             startup_timeout_s=backend.startup_timeout_s, **settings)
   try:
     worker.load_weights(weights)
   except StaleWeights:
@@ -169,6 +183,7 @@ class RolloutBackend:
       self.ray_gpus = ray_gpus_per_worker(config, on_cpu)
       on_cpu = self.ray_gpus == 0
     self.engines_on_cpu = on_cpu
+    self.startup_timeout_s = vllm_startup_timeout(config, on_cpu)
     if self.backend == "vllm":
       self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
       self.transport = config.rollout.weight_transport
@@ -183,10 +198,19 @@ class RolloutBackend:
     try:
       if self.placement == "ray":
         self.ray_group = self._make_ray_group()
-      self.publisher = self._make_publisher(keep=3)
+      self.publisher = self._make_publisher(keep=int(config.rollout.get("keep_versions", 3)))
     except BaseException:
       self.close()
       raise
+
+  @property
+  def evaluates_on_engines(self) -> bool:
+    """Whether evaluation runs on these workers (eval.backend "engines", or "auto" with vLLM), so
+    that an evaluation publisher will start beside the rollout one."""
+    c = self.config
+    where = c.eval.get("backend", "auto") if "eval" in c else "trainer"
+    return bool(c.eval.num_problems) and (where == "engines" or
+                                          (where == "auto" and self.backend == "vllm"))
 
   @property
   def dtype(self) -> str:
@@ -203,7 +227,7 @@ class RolloutBackend:
     own publisher, so the rollout versions are never pushed out."""
     if self._eval_publisher is None and self.serves_workers:
       self._eval_publisher = self._make_publisher(
-          keep=2 if self.transport == "shm" or self.placement == "ray" else 1)
+          keep=EVAL_KEEP if self.transport == "shm" or self.placement == "ray" else 1)
     return self._publish(self._eval_publisher, params, version)
 
   def _make_publisher(self, keep: int):
@@ -230,7 +254,8 @@ class RolloutBackend:
         spec, num_actors, address=str(r.ray_address),
         num_cpus_per_worker=float(r.ray_num_cpus_per_worker),
         num_gpus_per_worker=self.ray_gpus,
-        strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts))
+        strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts),
+        startup_timeout_s=self.startup_timeout_s)
 
   def _publish(self, publisher, params, version: int) -> Weights:
     if jax.process_count() > 1:  # a collective: every trainer process publishes at the same step
@@ -326,11 +351,33 @@ def vllm_engine_settings(config, on_cpu: bool) -> dict:
       enforce_eager=eager,
       disable_torch_compile=eager,  # eager: nothing to compile (vLLM's sampler helpers included)
       env={"VLLM_CPU_KVCACHE_SPACE": str(r.vllm_kv_cache_gib),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if own_process else "0"})
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if own_process else "0",
+           # vLLM's own wait for its engine-core process (600 s by default) gets the same budget.
+           "VLLM_ENGINE_READY_TIMEOUT_S": str(int(math.ceil(vllm_startup_timeout(config, on_cpu))))})
   if not on_cpu:
     settings["engine_kwargs"] = dict(gpu_memory_utilization=float(r.vllm_gpu_memory_utilization),
                                      tensor_parallel_size=int(r.vllm_tensor_parallel_size))
   return settings
+
+
+CPU_STARTUP_TIMEOUT_S = 300.0  # an eager CPU engine starts in seconds; a loaded machine: minutes
+GPU_STARTUP_BASE_S = 600.0     # one GPU engine: cold torch.compile + CUDA-graph capture
+GPU_STARTUP_PER_ENGINE_S = 300.0  # each engine starting at once: their compiles share the CPUs
+
+
+def vllm_startup_timeout(config, on_cpu: bool) -> float:
+  """rollout.vllm_startup_timeout_s with 0 (auto) resolved [s]: CPU_STARTUP_TIMEOUT_S on CPU;
+  on GPU GPU_STARTUP_BASE_S + GPU_STARTUP_PER_ENGINE_S per engine that starts at once
+  (rollout.num_workers: the async pool starts them together, each compiling cold)."""
+  r = config.rollout
+  value = float(r.get("vllm_startup_timeout_s", 0.0))
+  if value < 0:
+    raise ValueError(f"rollout.vllm_startup_timeout_s={value} must be >= 0 [s] (0 = auto)")
+  if value > 0:
+    return value
+  if on_cpu:
+    return CPU_STARTUP_TIMEOUT_S
+  return GPU_STARTUP_BASE_S + GPU_STARTUP_PER_ENGINE_S * max(int(r.num_workers), 1)
 
 
 def _engine_dtype(value: str, on_cpu: bool) -> str:

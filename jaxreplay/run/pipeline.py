@@ -37,6 +37,7 @@ from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import evaluation
+from jaxreplay.infra import compilation_cache
 from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
 from jaxreplay.infra import safety
@@ -489,6 +490,7 @@ def run(config, workdir: str) -> dict[str, Any]:
       stack.enter_context(safety.WorkdirLock(workdir))
     build_lib.resolve_backend(config)  # run_config.json records the backend actually used
     validation.validate_config(config)  # once: `build` trusts it
+    compilation_cache.apply(config, workdir)  # before the run's first compile
     build_lib.resolve_eval_backend(config)  # and where evaluation runs
     check_resume_compatible(config, workdir)
     stop = stack.enter_context(safety.StopSignals())

@@ -5,11 +5,22 @@ Hugging Face tokenizer directory (a real model's, or one written by `build_char_
 `transformers` (and `jaxreplay.models`, for the one list of tokenizer file names) are imported on
 first use only, so that importing `jaxreplay.tasks` stays cheap (reward worker processes import this
 package).
+
+The trainer process never imports torch (on GPU a second libcudnn.so.9 beside JAX's): `transformers.
+AutoTokenizer` does (its auto classes import the generation config, which imports torch when it is
+installed, as on every GPU install), so `load_tokenizer` reads a directory with a tokenizer.json
+through `PreTrainedTokenizerFast` (in transformers 5 `TokenizersBackend`: the class AutoTokenizer
+returns for Llama-3.x and the base of its Qwen2Tokenizer for Qwen3; the same ids and chat-template
+prompts, tests/test_gpu_path.py) and keeps AutoTokenizer only for directories without one (slow /
+sentencepiece-only tokenizers). And
+transformers is imported without its "PyTorch was not found" advice (`_transformers`): the trainer
+only needs its tokenizers.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -20,16 +31,48 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 
+_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
+def _transformers():
+  """The transformers module, imported (the first time) without its one-off "PyTorch was not
+  found. Models won't be available..." advice, which a trainer without torch (`pip install -e .`)
+  would print at every start: the trainer only uses its tokenizers. The variable is set for the
+  import only; later advisory warnings still show."""
+  module = sys.modules.get("transformers")
+  if module is not None:
+    return module
+  prior = os.environ.get(_NO_ADVICE)
+  os.environ[_NO_ADVICE] = "1"
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+  finally:
+    if prior is None:
+      os.environ.pop(_NO_ADVICE, None)
+    else:
+      os.environ[_NO_ADVICE] = prior
+  return transformers
+
+
+def hf_tokenizer_from_dir(path: str):
+  """The HF tokenizer of directory `path` without importing torch: `PreTrainedTokenizerFast` when
+  it has a tokenizer.json, else `AutoTokenizer` (which imports torch when it is installed)."""
+  transformers = _transformers()
+  if os.path.isfile(os.path.join(path, "tokenizer.json")):
+    return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+  return transformers.AutoTokenizer.from_pretrained(path)
+
+
 def build_char_tokenizer(chars: Sequence[str], out_dir: Optional[str] = None):
   """A `transformers.PreTrainedTokenizerFast` with one token per character.
 
   Ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then `chars` in order (duplicates dropped). Encoding with
   special tokens prepends <bos>; decoding fuses characters back, so any text over `chars` round-trips
   exactly (spaces and newlines included). Characters outside `chars` encode to <unk>.
-  When `out_dir` is given the tokenizer is saved there (`AutoTokenizer.from_pretrained` loads it).
+  When `out_dir` is given the tokenizer is saved there (`load_tokenizer` loads it).
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-  from transformers import PreTrainedTokenizerFast
+  PreTrainedTokenizerFast = _transformers().PreTrainedTokenizerFast  # pylint: disable=invalid-name
 
   chars = list(chars)
   bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
@@ -198,8 +241,7 @@ def load_tokenizer(path: str, extra_stop_ids: Sequence[int] = (),
     raise FileNotFoundError(
         f"{path!r} holds no tokenizer files (looked for {', '.join(markers)}); pass the "
         "directory of a Hugging Face model or one written by build_char_tokenizer(chars, out_dir)")
-  from transformers import AutoTokenizer
-  tok = AutoTokenizer.from_pretrained(path)
+  tok = hf_tokenizer_from_dir(path)
   stops = tuple(int(i) for i in extra_stop_ids) + model_eos_ids(path)
   return TextCodec(tok, extra_stop_ids=stops,
                    use_chat_template=use_chat_template_mode(use_chat_template, tok),

@@ -45,8 +45,8 @@ import numpy as np
 
 from jaxreplay.infra.child_process import ChildDied, ChildProcess
 from jaxreplay.rollout.vllm.worker_side import SHM_BACKEND
-from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
-                                    WorkerDied, check_prompts)
+from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, StaleWeights,
+                                    Weights, WorkerDied, check_prompts)
 from jaxreplay.tasks import tokenizer as tokenizer_lib
 
 # Set in the engine's process before vLLM is imported (defaults; the caller's values win).
@@ -196,6 +196,8 @@ class VllmEngine:
     if disable_torch_compile:
       torch._dynamo.config.disable = True  # pylint: disable=protected-access
     import vllm  # pylint: disable=g-import-not-at-top
+    from jaxreplay.rollout.vllm import api_surface  # pylint: disable=g-import-not-at-top
+    api_surface.check()  # every vLLM name the engine and its refreshes use, before weights move
     from vllm.config import WeightTransferConfig  # pylint: disable=g-import-not-at-top
     from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
     from jaxreplay.rollout.vllm import transfer as vllm_transfer  # pylint: disable=g-import-not-at-top
@@ -269,7 +271,9 @@ class VllmEngine:
 
     Raises ValueError when the handle has neither, FileNotFoundError when the directory holds no
     config.json or safetensors, `rollout.base.StaleWeights` when the segment was reused for a newer
-    version (the engine then keeps its previous weights).
+    version (the engine then keeps its previous weights). The engine side reports that as a status
+    (`transfer.WorkerExtension.jaxreplay_load_shm`) and it is raised here, so that its type
+    survives an engine core in its own process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`).
     """
     _check_weights(weights)
     weights.wait()
@@ -279,9 +283,15 @@ class VllmEngine:
       llm = self._require_open()
       start = time.perf_counter()
       if weights.shm_path is not None:
-        phases = dict(llm.collective_rpc(
-            "jaxreplay_load_shm",
-            args=(weights.shm_path, int(weights.version), bool(self.direct_load)))[0])
+        results = llm.collective_rpc(
+            "jaxreplay_load_shm", args=(weights.shm_path, int(weights.version),
+                                        bool(self.direct_load)))
+        stale = [r for r in results if r.get("stale")]
+        if stale:  # reported as a status by every rank's worker: raised here, in this process
+          raise StaleWeights(str(stale[0].get("message", "")) or
+                             f"weight segment {weights.shm_path!r} no longer holds version "
+                             f"{weights.version}")
+        phases = dict(results[0])
       else:
         llm.collective_rpc("jaxreplay_reload_weights", args=(os.path.abspath(weights.hf_dir),))
         phases = {}
@@ -399,8 +409,9 @@ class VllmWorkerProcess:
                                  env=env, startup_timeout_s=startup_timeout_s, name="vLLM worker")
     except TimeoutError:
       raise TimeoutError(f"the vLLM worker process did not start within {startup_timeout_s:.0f} s; "
-                         "raise startup_timeout_s (a loaded machine needs longer) or check its log"
-                         ) from None
+                         "raise --config.rollout.vllm_startup_timeout_s (a loaded machine, or cold "
+                         "torch.compile + CUDA-graph capture of several engines, needs longer) or "
+                         "check its log") from None
     except ChildDied as e:
       raise WorkerDied(str(e)) from e
     try:

@@ -228,11 +228,22 @@ class WorkerExtension:
     """transport "file": vLLM's `reload_weights` from an HF directory."""
     _reload_worker_weights(self, weights_path)
 
-  def jaxreplay_load_shm(self, path: str, version: int, direct: bool = True) -> dict[str, float]:
+  def jaxreplay_load_shm(self, path: str, version: int, direct: bool = True) -> dict[str, Any]:
     """transport "shm": the segment at `path` loaded, by `vllm_direct_load` where it applies
     (`direct`; CPU engines) else by one session of vLLM's weight-transfer API; its phases
-    (`direct` 1.0 or 0.0 among them). A superseded segment raises `StaleWeights` before anything
-    is loaded (weights untouched)."""
+    (`direct` 1.0 or 0.0 among them).
+
+    A superseded segment is refused before anything is loaded (weights untouched) and reported as
+    a status, {"stale": 1.0, "message": ...}, not raised: an exception raised here reaches a
+    driver whose engine core runs in its own process (vLLM's GPU default) as a plain `Exception`
+    with the type lost, so the caller (`VllmEngine.load_weights`) re-raises `StaleWeights` itself.
+    """
+    try:
+      return self._jaxreplay_load_shm(path, version, direct)
+    except shm_weights.StaleWeights as e:
+      return {"stale": 1.0, "message": str(e)}
+
+  def _jaxreplay_load_shm(self, path: str, version: int, direct: bool) -> dict[str, float]:
     start = time.perf_counter()
     if direct:
       stats = self.weight_transfer_engine.load_direct(path, int(version))

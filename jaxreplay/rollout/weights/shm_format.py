@@ -173,6 +173,13 @@ class SlotRing:
       _close_mapping(mm)
       if slot["size"] != size:
         os.ftruncate(fd, size)
+        if size > slot["size"]:
+          try:  # a full tmpfs fails here (ENOSPC), not with SIGBUS at a page of the mapping
+            os.posix_fallocate(fd, 0, size)
+          except OSError as e:
+            raise OSError(e.errno, f"cannot allocate {size / 2**30:.2f} GiB for weight slot "
+                          f"{slot['path']} ({e.strerror}); give /dev/shm more space (docker run "
+                          "--shm-size) or keep fewer versions (rollout.keep_versions)") from e
         slot["size"] = size
       mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
       slot["mm"] = mm

@@ -12,7 +12,9 @@ worker whose newest target is not written yet keeps generating at the version it
 
 The trainer's stall per refresh (`PublishRecord.stall_s`, logged as `time/publish_s`) is the host
 copy, plus a wait only when both staging buffers are still being written (two refreshes within
-one segment write). `model_dir` holds config.json and generation_config.json (no weights) for
+one segment write). On GPU the host copy is the device -> host transfer itself (`host_copies`
+keeps the transfer's host arrays, no second copy on the trainer's thread); `--dry_run`'s plan.json
+estimates it (`time.publish_stall_s`) against the step. `model_dir` holds config.json and generation_config.json (no weights) for
 starting engines (`load_format="dummy"`, then the first segment).
 
 `kernel_layout="jax"` (what CPU runs use: their engines re-pack every kernel from the trainer's
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import os
 import shutil
 import threading
@@ -44,6 +47,34 @@ from jaxreplay.rollout.weights.publisher import (PublishHistory, PublishRecord, 
                                                  release_root)
 
 STAGING_BUFFERS = 2  # double-buffered: the trainer copies into one while the other is written
+GIB = 1024 ** 3
+
+
+class ShmSpaceError(RuntimeError):
+  """/dev/shm (a publisher's root) has less free space than the slots a publisher may hold: a
+  segment write past tmpfs's size would kill the process with SIGBUS mid-run."""
+
+
+def size_text(nbytes: float) -> str:
+  """A byte count for messages: GiB, or MiB below one GiB."""
+  return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / 2 ** 20:.1f} MiB"
+
+
+def check_space(root: str, need: int, detail: str, statvfs=None) -> None:
+  """Raises `ShmSpaceError` naming the size needed and the fixes when the filesystem of `root`
+  has less than `need` bytes free (`detail` says what needs them). `statvfs` replaces
+  `os.statvfs` (tests)."""
+  st = (statvfs or os.statvfs)(root)
+  free = int(st.f_bavail) * int(st.f_frsize)
+  if free >= need:
+    return
+  size = math.ceil((int(st.f_blocks) * int(st.f_frsize) + need - free) / GIB)
+  raise ShmSpaceError(
+      f"{root} has {size_text(free)} free but the weight publishers need {size_text(need)} "
+      f"({detail}); writing past it would end the run with SIGBUS. Give the machine more shared "
+      f"memory (docker run --shm-size={size}g, or a Kubernetes emptyDir with medium Memory "
+      "mounted at /dev/shm), free space there (e.g. other runs' /dev/shm/jaxreplay-* roots), or "
+      "keep fewer versions (--config.rollout.keep_versions=2, the least)")
 
 
 def _cast_and_start_transfers(leaves: list[Any], dtype: Optional[str]) -> list[Any]:
@@ -59,18 +90,34 @@ def _cast_and_start_transfers(leaves: list[Any], dtype: Optional[str]) -> list[A
   return leaves
 
 
+def _host_value_is_a_copy(x: Any) -> bool:
+  """Whether `np.asarray(x)` is a host array of its own: the device -> host transfer of an array
+  on an accelerator. On the CPU backend it is a zero-copy view of x's buffer, which the next train
+  step may donate, so it must be copied out."""
+  return isinstance(x, jax.Array) and all(d.platform != "cpu" for d in x.devices())
+
+
 def host_copies(leaves: list[Any], dtype: Optional[str] = None,
                 into: Optional[list[np.ndarray]] = None) -> list[np.ndarray]:
   """Host copies of `leaves` (jax arrays or numpy), cast on device to `dtype` first (None keeps
-  each leaf's), every device -> host transfer in flight before the first wait. Written into `into`
-  (reused buffers) when its shapes match, else into new arrays; the copies never alias the leaves,
-  so the train step may donate them next. Returns the buffers."""
+  each leaf's), every device -> host transfer in flight before the first wait. The copies never
+  alias the leaves, so the train step may donate them next. A leaf on an accelerator (GPU) is the
+  transfer's own host array, with no second copy on this (the trainer's) thread; the others (CPU
+  backend, numpy) are copied into `into` (reused buffers) when its shapes match, else into new
+  arrays. Returns the host arrays."""
   leaves = _cast_and_start_transfers(leaves, dtype)
   if into is None or [b.shape for b in into] != [tuple(x.shape) for x in leaves]:
-    into = [np.empty(x.shape, jnp.dtype(dtype) if dtype is not None else x.dtype) for x in leaves]
+    into = [None] * len(leaves)
+  out = []
   for buf, x in zip(into, leaves):
+    if _host_value_is_a_copy(x):
+      out.append(np.asarray(x))
+      continue
+    if buf is None or not buf.flags.writeable:
+      buf = np.empty(x.shape, jnp.dtype(dtype) if dtype is not None else x.dtype)
     np.copyto(buf, np.asarray(x), casting="unsafe")
-  return into
+    out.append(buf)
+  return out
 
 
 def host_views(leaves: list[Any], dtype: str) -> list[np.ndarray]:
@@ -94,10 +141,14 @@ class ShmPublisher(PublishHistory):
     tokenizer_dir: its generation_config.json is kept in `model_dir` (every eos id).
     kernel_layout: "hf" (HF [out, in] kernels, transposed on the background thread) or "jax"
       (kernels stored in the trainer's [in, out] layout, written on the trainer's thread).
+    reserve_bytes: more bytes the root's filesystem must hold besides this publisher's slots
+      (another publisher's, e.g. the evaluation one); checked at start (`check_space`).
+    statvfs: replaces `os.statvfs` in the space check (tests).
   """
 
   def __init__(self, cfg: ModelConfig, dtype: str = "float32", root: Optional[str] = None,
-               keep: int = 3, tokenizer_dir: Optional[str] = None, kernel_layout: str = "hf"):
+               keep: int = 3, tokenizer_dir: Optional[str] = None, kernel_layout: str = "hf",
+               reserve_bytes: int = 0, statvfs=None):
     if kernel_layout not in ("hf", "jax"):
       raise ValueError(f"kernel_layout={kernel_layout!r}: expected 'hf' or 'jax'")
     self.kernel_layout = kernel_layout
@@ -108,6 +159,16 @@ class ShmPublisher(PublishHistory):
     self.cfg, self.dtype, self.keep = cfg, dtype, int(keep)
     self._segment_bytes: Optional[int] = None
     self.root, self._owns_root, self._owner_fd = claim_root(root)
+    try:
+      check_space(self.root, self.bytes_needed(cfg, dtype, self.keep, kernel_layout) + reserve_bytes,
+                  f"{self.max_slots(self.keep, kernel_layout)} slots of "
+                  f"{size_text(self.slot_bytes(cfg, dtype))}: the newest {self.keep} versions" +
+                  (" and one more written meanwhile" if kernel_layout == "hf" else "") +
+                  (f", plus {size_text(reserve_bytes)} of another publisher's" if reserve_bytes
+                   else ""), statvfs)
+    except BaseException:
+      release_root(self.root, self._owns_root, self._owner_fd)
+      raise
     self.model_dir = os.path.join(self.root, "model")
     os.makedirs(self.model_dir, exist_ok=True)
     hf_io.write_config_files(cfg, self.model_dir, dtype, tokenizer_dir)
@@ -177,6 +238,37 @@ class ShmPublisher(PublishHistory):
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+  @staticmethod
+  def slot_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """An upper bound of one segment's file size: its tensors in `dtype` plus the header and the
+    alignment of each tensor (`shm_format.plan_layout`)."""
+    shapes = [r.hf_shape(cfg) for _, r, _ in layout.entries(cfg)]
+    data = sum(int(np.prod(s)) for s in shapes) * shm_weights.DTYPES[dtype].itemsize
+    return data + 2 * shm_weights.DATA_ALIGN + len(shapes) * (shm_weights.TENSOR_ALIGN + 256)
+
+  @staticmethod
+  def max_slots(keep: int, kernel_layout: str = "hf") -> int:
+    """Slot files a publisher holds at most with no reader pinning an old one: the newest `keep`
+    versions (one of them being written) and, for "hf", one more reserved while the previous
+    write finishes (two staging buffers)."""
+    return int(keep) + (1 if kernel_layout == "hf" else 0)
+
+  @classmethod
+  def bytes_needed(cls, cfg: ModelConfig, dtype: str, keep: int, kernel_layout: str = "hf") -> int:
+    """The /dev/shm bytes a publisher of these settings may hold (`max_slots` x `slot_bytes`)."""
+    return cls.max_slots(keep, kernel_layout) * cls.slot_bytes(cfg, dtype)
+
+  def pending_bytes(self) -> int:
+    """What this publisher may still allocate on its root's filesystem: `bytes_needed` less the
+    slot files it has already filled (another publisher starting later must leave room for it)."""
+    held = 0
+    for path in self._ring.paths:
+      try:
+        held += os.stat(path).st_blocks * 512
+      except FileNotFoundError:
+        pass
+    return max(0, self.bytes_needed(self.cfg, self.dtype, self.keep, self.kernel_layout) - held)
 
   # ---- helpers ------------------------------------------------------------------------------
 
