@@ -288,3 +288,42 @@ def test_adapter_dir_publisher_versions_keep_and_format(data, tmp_path):
     with pytest.raises(ValueError, match="not newer"):
       publisher.publish(adapters, 5)
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging left
+
+
+@pytest.mark.slow
+def test_lora_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
+  """`python -m jaxreplay.launch` (the shortened tiny config, JAX sampler) with model.lora_rank=8:
+  killed after checkpoint 4 and resumed, it ends where an uninterrupted run ends (rows and
+  adapters bit for bit); a resume on another base, or with another rank, is refused by name."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from tiny_runs import comparable, read_rows, run_launch, start  # pylint: disable=g-import-not-at-top
+  extra = ("--config.model.lora_rank=8", "--config.trainer.learning_rate=1e-3")
+  reference, workdir = str(tmp_path / "reference"), str(tmp_path / "killed")
+  run_launch(reference, *extra)
+  proc = start(workdir, *extra)
+  deadline = time.monotonic() + 300
+  while not os.path.isdir(os.path.join(workdir, "checkpoints", "4")):
+    assert proc.poll() is None and time.monotonic() < deadline, "the run ended before checkpoint 4"
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  out = run_launch(workdir, *extra)
+  assert "resumed at step 4" in out.stderr
+  rows, ref_rows = read_rows(workdir), read_rows(reference)
+  assert [r["step"] for r in rows] == list(range(7))
+  assert [comparable(r) for r in rows] == [comparable(r) for r in ref_rows]
+  ckpts = [checkpoint_lib.Checkpointer(os.path.join(d, "checkpoints"), create=False)
+           for d in (workdir, reference)]
+  (state, host), (ref_state, _) = (ck.restore(6) for ck in ckpts)
+  for ck in ckpts:
+    ck.close()
+  chex.assert_trees_all_equal(state["params"], ref_state["params"])
+  assert set(state["params"]) == set(lora.TARGETS) and host["lora"]["rank"] == 8
+  for name in ("hf", "hf_adapter"):
+    assert os.path.isdir(os.path.join(workdir, name))
+  # Another base (the reference's merged export: other content) is refused by name.
+  out = run_launch(workdir, *extra, f"--config.model.path={reference}/hf", expect_rc=None)
+  assert out.returncode != 0 and "on another base model" in out.stderr, out.stderr[-2000:]
+  out = run_launch(workdir, "--config.model.lora_rank=16", expect_rc=None)
+  assert out.returncode != 0 and "model.lora_rank 8 -> 16" in out.stderr, out.stderr[-2000:]

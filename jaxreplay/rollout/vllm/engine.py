@@ -136,10 +136,11 @@ def _check_weights(weights: Weights) -> None:
   if not isinstance(weights, Weights):
     raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
   if weights.hf_dir is None and weights.shm_path is None and weights.lora_dir is None:
-    raise ValueError(f"vLLM loads weights from an HF directory, a shared-memory segment or a LoRA "
-                     f"adapter directory, but this Weights handle (version {weights.version}) has "
-                     "none; publish them with ShmPublisher.publish, WeightPublisher.publish (or "
-                     "models.save_hf) or AdapterDirPublisher.publish and pass that handle")
+    raise ValueError(f"vLLM loads weights from an HF directory or a shared-memory segment (LoRA: "
+                     f"an adapter directory), but this Weights handle (version {weights.version}) "
+                     "has neither; publish them with ShmPublisher.publish or "
+                     "WeightPublisher.publish (or models.save_hf; LoRA: AdapterDirPublisher) and "
+                     "pass that handle")
 
 
 def _check_hf_dir(hf_dir: str, weights: bool = True) -> None:
