@@ -194,8 +194,8 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
       "micro_batch": {"rows_per_device": int(rows), "tokens_per_row": int(c.model.max_len),
                       "num_microbatches": int(t.num_microbatches), "flash_attention": flash},
       "per_device_bytes": {k: int(v) for k, v in per_device.items()},
-      "params_fraction_per_device": params / max(1, cfg.num_params() *
-                                                 np.dtype(cfg.params_dtype).itemsize),
+      "params_fraction_per_device": per_device.get("base_params", params) / max(
+          1, cfg.num_params() * np.dtype(cfg.params_dtype).itemsize),
       "padded_leaves": {k: {"logical": list(a), "storage": list(b)} for k, (a, b) in padded.items()},
       "device_memory_bytes": limit,
       "fits": None if limit is None else bool(per_device["total"] <= limit),
