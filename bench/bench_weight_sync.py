@@ -30,6 +30,16 @@ Each transport first takes a few unmeasured refreshes (every slot written once: 
 state), then `--repeats` measured ones; the table shows the best of those.
 
 Prints a table and writes OUT/weight_sync.json (OUT may also name the .json file).
+
+`--lora_rank R` (> 0) measures LoRA's adapter-only refresh instead (writes weight_sync_lora.json):
+per model, the full-weight "shm" refresh above against `AdapterDirPublisher` (the adapters of rank
+R on all seven kernels, alpha 2R, as a PEFT directory in /dev/shm, on the trainer's thread:
+`stall_s`, of which `write_s` the files) + `VllmEngine.load_weights` of a LoRA engine (vLLM's
+`add_lora` of a new adapter id, `remove_lora` of the previous one, prefix-cache reset: `engine_s`),
+the log-probs checked against the JAX forward with the adapters attached; and the tiny default's
+trainer stall per refresh (vLLM) with and without `--config.model.lora_rank=8`.
+
+  python bench/bench_weight_sync.py --lora_rank 16 --transports shm --out bench/results
 """
 from __future__ import annotations
 
@@ -53,6 +63,8 @@ import numpy as np  # noqa: E402
 
 from jaxreplay import models  # noqa: E402
 from jaxreplay.models import hf_io  # noqa: E402
+from jaxreplay.models import lora  # noqa: E402
+from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
 from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # noqa: E402
 from jaxreplay.rollout.vllm.engine import VllmEngine  # noqa: E402
@@ -200,15 +212,63 @@ def bench_config(name, cfg, repeats: int, transports) -> dict:
   return result
 
 
-def tiny_default_stall(steps: int) -> dict:
+def bench_adapters(name, cfg, rank: int, repeats: int) -> dict:
+  """LoRA's adapter-only refresh of a vLLM engine (see the module docstring), best of `repeats`
+  after a few unmeasured ones."""
+  spec = lora.LoraSpec(rank, 2.0 * rank)
+  base = models.init_params(cfg, jax.random.key(0))
+  versions = []
+  for seed in (1, 2):  # two adapter versions with b != 0: other log-probs each
+    adapters = lora.init_adapters(cfg, spec, jax.random.key(seed))
+    keys = iter(jax.random.split(jax.random.key(seed + 10), len(adapters)))
+    versions.append({t: {"a": ab["a"], "b": 0.02 * jax.random.normal(next(keys), ab["b"].shape)}
+                     for t, ab in adapters.items()})
+  jax.block_until_ready(versions)
+  base_dir = tempfile.mkdtemp(prefix="bench-lora-base-", dir="/dev/shm")
+  result = {"config": name, "params": int(sum(x.size for x in jax.tree_util.tree_leaves(base))),
+            "rank": rank, "alpha": spec.alpha, "adapter_params": lora.num_params(cfg, spec),
+            "dtype": "float32", "repeats": repeats}
+  start = time.perf_counter()
+  try:
+    models.save_hf(cfg, jax.device_get(base), os.path.join(base_dir, "base"))
+    engine = VllmEngine(os.path.join(base_dir, "base"), max_lora_rank=lora.vllm_max_lora_rank(rank),
+                        max_model_len=256, max_num_seqs=32, seed=0, policy_version=-1)
+    result["engine_startup_s"] = time.perf_counter() - start
+    try:
+      with AdapterDirPublisher(cfg, spec, "float32", keep=3) as publisher:
+        rows, warmup = [], publisher.keep + 1
+        for k in range(warmup + repeats):
+          t0 = time.perf_counter()
+          weights = publisher.publish(versions[k % 2], k + 1)
+          rec = publisher.latest
+          phases = engine.load_weights(weights)
+          total = time.perf_counter() - t0
+          if k >= warmup:
+            rows.append({"stall_s": rec.stall_s, "write_s": rec.write_s,
+                         "engine_s": phases["total_s"], "total_s": total})
+        result["bytes"] = int(rec.nbytes)
+        current = lora.attach(base, versions[(warmup + repeats - 1) % 2], spec)
+        result["lora"] = {"best": {k: _best(rows, k) for k in rows[0]},
+                          "median_total_s": float(np.median([r["total_s"] for r in rows])),
+                          "logprob_max_abs_diff_after_refresh": logprob_gap(cfg, current, engine),
+                          "runs": rows}
+    finally:
+      engine.close()
+  finally:
+    shutil.rmtree(base_dir, ignore_errors=True)
+  return result
+
+
+def tiny_default_stall(steps: int, extra: tuple = ()) -> dict:
   """`configs/tiny.py` with vLLM (shm) for `steps` steps: the trainer's stall per refresh
-  (time/publish_s) against its train step (time/step_s), medians over the steps after the first."""
+  (time/publish_s) against its train step (time/step_s), medians over the steps after the first.
+  `extra`: more command-line overrides (e.g. LoRA)."""
   workdir = tempfile.mkdtemp(prefix="bench-tiny-default-")
   cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/tiny.py", f"--workdir={workdir}",
          f"--config.total_steps={steps}", "--config.rollout.backend=vllm",
          "--config.rollout.weight_transport=shm", "--config.eval.every=0",
          "--config.eval.num_problems=8", "--config.eval.n_samples=1", "--config.eval.ks=(1,)",
-         "--config.checkpoint.every=0"]
+         "--config.checkpoint.every=0", *extra]
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
   if proc.returncode != 0:
@@ -246,6 +306,45 @@ def print_table(results, tiny_default):
           f"{tiny_default['step_s_median'] * 1e3:.1f} ms: {100 * tiny_default['stall_over_step']:.1f}%")
 
 
+def print_lora_table(results, stalls):
+  print(f"{'config':>10} {'params':>8} {'refresh':>8} {'MB':>8} {'stall ms':>9} {'write ms':>9} "
+        f"{'engine ms':>9} {'total ms':>9} {'lp diff':>8}")
+  for full, adapter in results:
+    rows = [("full", full["bytes"], full["shm"]["best"], full["shm"]["logprob_max_abs_diff_after_refresh"]),
+            (f"lora r{adapter['rank']}", adapter["bytes"], adapter["lora"]["best"],
+             adapter["lora"]["logprob_max_abs_diff_after_refresh"])]
+    for label, nbytes, b, gap in rows:
+      print(f"{full['config']:>10} {full['params'] / 1e6:7.1f}M {label:>8} {nbytes / 2**20:8.2f} "
+            f"{b['stall_s'] * 1e3:9.2f} {b['write_s'] * 1e3:9.2f} {b['engine_s'] * 1e3:9.2f} "
+            f"{b['total_s'] * 1e3:9.2f} {gap:8.1e}")
+  for label, t in stalls.items():
+    print(f"tiny default (vllm) {label}: trainer stall {t['publish_s_median'] * 1e3:.2f} ms per "
+          f"refresh, train step {t['step_s_median'] * 1e3:.1f} ms: {100 * t['stall_over_step']:.1f}%")
+
+
+def main_lora(args, repeats: int) -> None:
+  """--lora_rank R: full-weight (shm) vs adapter-only refreshes; weight_sync_lora.json."""
+  results = []
+  wanted = [n for n in args.configs.split(",") if n]
+  for name, cfg in configs(args.quick).items():
+    if name == "tiny" or (wanted and name not in wanted):
+      continue
+    results.append((bench_config(name, cfg, repeats, ["shm"]),
+                    bench_adapters(name, cfg, args.lora_rank, repeats)))
+  steps = args.tiny_default_steps if args.tiny_default_steps >= 0 else (6 if args.quick else 20)
+  stalls = {}
+  if steps:
+    stalls = {"full": tiny_default_stall(steps),
+              "lora r8": tiny_default_stall(steps, ("--config.model.lora_rank=8",))}
+  print(f"weight refresh, full (shm) vs LoRA adapters only, best of {repeats}")
+  print_lora_table(results, stalls)
+  out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                     "jax_backend": jax.default_backend(), "load_average": os.getloadavg()},
+         "quick": args.quick, "lora_rank": args.lora_rank,
+         "results": [{"full": f, "lora": a} for f, a in results], "tiny_default": stalls}
+  print(f"wrote {bench_io.write_json(args.out, 'weight_sync_lora.json', out)}")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true",
@@ -255,8 +354,16 @@ def main():
   parser.add_argument("--transports", default="shm,shm-hf,file")
   parser.add_argument("--tiny_default_steps", type=int, default=-1,
                       help="steps of the tiny-default stall run (-1: 6 quick / 20; 0: skip)")
+  parser.add_argument("--configs", default="",
+                      help="--lora_rank: a comma list of the models to run (default all)")
+  parser.add_argument("--lora_rank", type=int, default=0,
+                      help="> 0: LoRA adapter-only refreshes of this rank vs full weights "
+                      "(weight_sync_lora.json)")
   args = parser.parse_args()
   repeats = args.repeats or (2 if args.quick else 5)
+  if args.lora_rank > 0:
+    main_lora(args, repeats)
+    return
   transports = [t for t in args.transports.split(",") if t]
   # Qwen3-0.6B-sized (2.4 GB f32): shm only (a file copy of it too does not fit 23 GB beside it).
   big = [t for t in transports if t.startswith("shm")]

@@ -34,6 +34,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.attention = "auto"       # attention kernel: auto (cuDNN flash attention on GPU with
                                    # bfloat16, else XLA) | xla | cudnn | einsum (the reference)
   c.model.max_len = 256            # prompt + completion tokens, the context of rollouts
+  c.model.lora_rank = 0            # LoRA: train adapters of rank r on lora_targets, the base frozen
+                                   # (stored in param_dtype, e.g. bfloat16); engines get adapter-only
+                                   # refreshes; 0 = off (full fine-tuning). vLLM: r <= 512
+  c.model.lora_alpha = 16.0        # the adapters' scale alpha / r (alpha / sqrt(r) with lora_rslora)
+  c.model.lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                          "down_proj")  # the linear kernels that get an adapter (HF module names)
+  c.model.lora_rslora = False      # rank-stabilised scale alpha / sqrt(r) (PEFT's use_rslora)
+  c.model.lora_dtype = "float32"   # the adapters' (and their Adam state's) dtype: float32 | bfloat16
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math

@@ -13,6 +13,10 @@ the first T emulated CPU devices elsewhere) and adds up what one trainer device 
                       0 when the vLLM engines evaluate (eval.backend "auto" with vLLM)
   total               their sum (plus ref_params for the KL penalty)
 
+With LoRA (model.lora_rank > 0) params, opt_state and grads are the adapters' (replicated, in
+model.lora_dtype) and `base_params` is the frozen base (sharded like full params, in
+model.param_dtype); the KL reference is the base (no ref_params).
+
 `check_fits` compares the total with devices.memory_gib x devices.memory_fraction (or the GPU's own
 memory). `dry_run(config, workdir)` prints the plan with the device split and writes WORKDIR/plan.json.
 
@@ -36,9 +40,11 @@ import numpy as np
 from jaxreplay.config import devices as devices_lib
 from jaxreplay.run import evaluation
 from jaxreplay import models
+from jaxreplay.learner import adapters
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
+from jaxreplay.models import lora as lora_lib
 
 GIB = 1024 ** 3
 
@@ -155,8 +161,13 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                                    total_steps=c.total_steps, schedule=t.schedule,
                                    weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
                                    max_grad_norm=t.max_grad_norm)
-  state = jax.eval_shape(lambda: trainer.init_train_state(
-      cfg, optimizer, jax.random.PRNGKey(0), mesh=mesh, with_ref_params=t.kl_coef != 0.0))
+  spec = lora_lib.spec_from_config(c.model)
+  if spec is None:
+    state = jax.eval_shape(lambda: trainer.init_train_state(
+        cfg, optimizer, jax.random.PRNGKey(0), mesh=mesh, with_ref_params=t.kl_coef != 0.0))
+  else:
+    state = jax.eval_shape(lambda: adapters.init_adapter_state(
+        cfg, spec, optimizer, jax.random.PRNGKey(0), mesh))
   shardings = trainer.state_shardings(state, mesh)
   params = sharding.shard_bytes(state.params, shardings.params)
   opt_state = sharding.shard_bytes(state.opt_state, shardings.opt_state)
@@ -185,11 +196,19 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                     eval_kv_cache=kv)
   if ref:
     per_device["ref_params"] = ref
+  if spec is not None:  # the frozen base, sharded and padded as full params would be
+    storage = sharding.storage_shapes(
+        jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+    per_device["base_params"] = sharding.shard_bytes(storage,
+                                                     sharding.param_shardings(storage, mesh))
   per_device["total"] = sum(per_device.values())
   padded = sharding.padded_leaves(
       jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
   limit = device_memory_bytes(c)
-  return {
+  lora = None if spec is None else {
+      "rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets), "dtype": spec.dtype,
+      "adapter_params": lora_lib.num_params(cfg, spec)}
+  out = {
       "model": {"preset": c.model.preset, "path": c.model.path, "params": cfg.num_params(),
                 "dtype": c.model.dtype, "param_dtype": c.model.param_dtype, "remat": c.model.remat},
       "devices": {"trainer_devices": int(t.num_devices), "mesh": dict(mesh.shape),
@@ -199,13 +218,16 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                       "num_microbatches": int(t.num_microbatches), "flash_attention": flash,
                       "attention_dense_bias": dense_bias},
       "per_device_bytes": {k: int(v) for k, v in per_device.items()},
-      "params_fraction_per_device": params / max(1, cfg.num_params() *
-                                                 np.dtype(cfg.params_dtype).itemsize),
+      "params_fraction_per_device": per_device.get("base_params", params) / max(
+          1, cfg.num_params() * np.dtype(cfg.params_dtype).itemsize),
       "padded_leaves": {k: {"logical": list(a), "storage": list(b)} for k, (a, b) in padded.items()},
       "device_memory_bytes": limit,
       "fits": None if limit is None else bool(per_device["total"] <= limit),
       "time": time_plan(c, cfg, rollout_backend),
   }
+  if lora is not None:
+    out["lora"] = lora
+  return out
 
 
 def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any]:
@@ -257,11 +279,16 @@ def check_fits(p: dict[str, Any]) -> None:
 def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None) -> str:
   """A human-readable table of the plan."""
   d = p["devices"]
+  lora = p.get("lora")
   lines = [f"model: {p['model']['preset'] if not p['model']['path'] else p['model']['path']} "
            f"({p['model']['params'] / 1e9:.2f}B params, {p['model']['dtype']} compute, "
-           f"{p['model']['param_dtype']} master weights)",
+           f"{p['model']['param_dtype']} {'frozen base' if lora else 'master weights'})",
            f"trainer: T={d['trainer_devices']} {d['platform']} devices, mesh {d['mesh']}; "
            f"rollout: W={d['rollout_workers']} {d['rollout_backend']} workers"]
+  if lora:
+    lines.append(f"LoRA: rank {lora['rank']} (alpha {lora['alpha']:g}) on {','.join(lora['targets'])}"
+                 f": {lora['adapter_params'] / 1e6:.1f}M adapter params in {lora['dtype']} "
+                 "(params / opt_state / grads below are the adapters')")
   if split is not None:
     lines.append(f"GPUs: trainer {','.join(split.trainer)}; workers {','.join(split.workers)} "
                  f"({split.per_worker} per worker)")

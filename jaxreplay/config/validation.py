@@ -24,7 +24,7 @@ TRI_STATE = ("auto", "true", "false")
 
 def validate_config(c) -> None:
   """Config conflicts a user can make, caught before anything is built (one ValueError)."""
-  errors = (run_errors(c) + model_errors(c.model) + task_errors(c.task) +
+  errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
             rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout, c.log) +
             trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
             devices_errors(c.devices) + log_errors(c))
@@ -47,10 +47,11 @@ def run_errors(c) -> list[str]:
   return errors
 
 
-def model_errors(m) -> list[str]:
-  """model.*: the starting checkpoint and the chat template."""
+def model_errors(m, r=None) -> list[str]:
+  """model.*: the starting checkpoint, the chat template, LoRA (model.lora_*; `r`: the rollout
+  section, whose workers must serve the adapters)."""
   from jaxreplay import tasks  # pylint: disable=g-import-not-at-top
-  errors = []
+  errors = lora_errors(m, r)
   if m.path and not os.path.isdir(m.path):
     errors.append(f"model.path={m.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
@@ -61,6 +62,25 @@ def model_errors(m) -> list[str]:
     chat_template_kwargs(m)
   except ValueError as e:
     errors.append(str(e))
+  return errors
+
+
+def lora_errors(m, r=None) -> list[str]:
+  """model.lora_*: rank (0 = off), alpha, targets, dtype (`models.lora.spec_errors`); with vLLM
+  workers a rank vLLM serves; workers placed where the adapters reach them (local)."""
+  from jaxreplay.models import lora  # pylint: disable=g-import-not-at-top
+  rank = m.get("lora_rank", 0)
+  if rank == 0:
+    return []
+  errors = lora.spec_errors(rank, m.lora_alpha, tuple(m.lora_targets), m.lora_dtype)
+  if r is not None and not errors:
+    if r.backend in ("vllm", "auto") and rank > lora.VLLM_RANKS[-1]:
+      errors.append(f"model.lora_rank={rank}: vLLM serves LoRA ranks up to {lora.VLLM_RANKS[-1]}; "
+                    "lower model.lora_rank or use rollout.backend='jax'")
+    if r.get("placement", "local") != "local":
+      errors.append(f"model.lora_rank={rank} with rollout.placement={r.placement!r}: adapter "
+                    "refreshes reach local workers only (the JAX sampler or vLLM engines of this "
+                    "machine); set rollout.placement='local' or model.lora_rank=0")
   return errors
 
 

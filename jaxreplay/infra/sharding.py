@@ -42,6 +42,9 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"layers/down_proj$", P(None, "tensor", "fsdp")),       # [L, F, D]
     (r"layers/(q|k|v)_bias$", P(None, "tensor")),            # [L, H*hd]
     (r"norm$", P()),                                         # RMSNorm weights: replicated
+    # LoRA adapters {target: {"a": [L, in, r], "b": [L, r, out]}} and their Adam state: replicated
+    # (small; why: learner/adapters.py).
+    (r"_proj/(a|b)$", P()),
 )
 
 

@@ -103,13 +103,15 @@ def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_l
 
 def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_shardings: Any,
                         splits: int = 4, chunk_size: int = 512, logprob_remat: str = "auto",
-                        logprob_processing=None):
+                        logprob_processing=None, lora=None):
   """Jitted `fn(params, ref_params, batch) -> {DIAGNOSTIC_KEYS: float32 scalar}` (module docstring).
 
   splits: k micro-batches (>= 2); the batch's rows must be a multiple of k * data * fsdp.
   ref_params: the KL reference (None unless loss_fn.needs_ref).
   logprob_processing: the train step's (`trainer.logprob_processing`): the same log-probs as the
     update, so the ratios are those the loss sees.
+  lora: an `adapters.FrozenBase` (LoRA: `params` are its adapters, the gradients and the noise scale
+    those of the adapters the optimizer updates; the KL reference is the base), or None.
   """
   if splits < 2:
     raise ValueError(f"splits={splits}: the noise scale needs >= 2 micro-batches")
@@ -119,8 +121,9 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
   k = int(splits)
   multiple = sharding.batch_size_multiple(mesh)
 
-  def micro_loss(params, ref_params, mb: Batch, lfn):
-    lp = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
+  def micro_loss(params, ref_params, mb: Batch, lfn, base):
+    lp = logprobs_lib.token_logprobs(model_cfg, trainer._model_params(lora, params, base),  # pylint: disable=protected-access
+                                     mb.tokens, mb.targets, mb.positions,
                                      mb.segment_ids, chunk_size=chunk_size, remat=logprob_remat,
                                      processing=logprob_processing,
                                      single_sequence_rows=not mb.packed)
@@ -133,7 +136,9 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
     loss, _ = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     return loss, lp
 
-  def fn(params, ref_params, batch: Batch):
+  def fn(params, ref_params, batch: Batch, base=None):
+    if lora is not None and needs_ref:  # the initial policy is the base itself
+      ref_params = base
     b, t = batch.tokens.shape
     if b % (k * multiple):
       raise ValueError(f"diagnostics: batch of {b} rows must be a multiple of splits * data * fsdp "
@@ -149,7 +154,8 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
       if loss_fn.aggregation == "constant":  # the micro-batch's own mean, as an estimate of G
         lfn = dataclasses.replace(loss_fn, normalizer=(jnp.maximum(rows, 1.0) * t if batch.packed
                                                        else float(b // k * t)))
-      (_, lp), g = jax.value_and_grad(micro_loss, has_aux=True)(params, ref_params, mb, lfn)
+      (_, lp), g = jax.value_and_grad(micro_loss, has_aux=True)(params, ref_params, mb, lfn,
+                                                                 base)
       w = _micro_weight(loss_fn.aggregation, tok, rows, n_tok, n_rows)
       if loss_fn.aggregation == "constant":
         w = jnp.asarray(1.0 / k, jnp.float32)
@@ -167,27 +173,33 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))
   needs_ref = loss_fn.needs_ref
-  jitted = jax.jit(fn, in_shardings=(param_shardings, param_shardings if needs_ref else None,
-                                     batch_sh),
-                   out_shardings=sharding.replicated(mesh))
+  ref_sh = param_shardings if needs_ref and lora is None else None
+  in_shardings = (param_shardings, ref_sh, batch_sh) + (() if lora is None else (lora.shardings,))
+  jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=sharding.replicated(mesh))
 
   def call(params, ref_params, batch):
-    ref_params = ref_params if needs_ref else None
+    ref_params = ref_params if needs_ref and lora is None else None
     if jax.process_count() > 1:
       batch = sharding.global_batch(batch, mesh)
-    return jitted(params, ref_params, batch)
+    if lora is None:
+      return jitted(params, ref_params, batch)
+    return jitted(params, ref_params, batch, lora.params)
   return call
 
 
-def make_probe_fn(model_cfg, mesh: Mesh, param_shardings: Any):
+def make_probe_fn(model_cfg, mesh: Mesh, param_shardings: Any, lora=None):
   """Jitted `fn(params, batch) -> log-softmax float32 [B, T, V]` of the next-token distributions
-  (unpadded vocabulary) at every position of `batch` (a small, fixed probe)."""
+  (unpadded vocabulary) at every position of `batch` (a small, fixed probe); with `lora` (an
+  `adapters.FrozenBase`) `params` are its adapters."""
 
-  def fn(params, batch: Batch):
-    logits = transformer.apply(model_cfg, params, batch.tokens, batch.positions, batch.segment_ids)
+  def fn(params, batch: Batch, base=None):
+    logits = transformer.apply(model_cfg, trainer._model_params(lora, params, base),  # pylint: disable=protected-access
+                               batch.tokens, batch.positions, batch.segment_ids)
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
-  return jax.jit(fn, in_shardings=(param_shardings, None), out_shardings=sharding.replicated(mesh))
+  in_shardings = (param_shardings, None) + (() if lora is None else (lora.shardings,))
+  jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=sharding.replicated(mesh))
+  return jitted if lora is None else trainer._bind_base(jitted, lora)  # pylint: disable=protected-access
 
 
 @jax.jit

@@ -22,6 +22,12 @@ under "constant").
 
 The KL option keeps frozen reference params in `TrainState.ref_params` (no optimizer state for them);
 reference log-probs are computed inside the step, without gradients.
+
+LoRA (`lora=adapters.FrozenBase`): `TrainState.params` are the adapters (`models.lora`), so the
+optimizer state, the gradients, the clipping norm and checkpoints cover only them; the frozen base
+is a separate, never donated argument of the jitted step (bound by the returned function), and the
+forward runs `lora.attach(base, adapters)`. The KL reference is the base itself (the initial
+policy: adapters start with b = 0), so no reference copy is kept.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.infra import sharding
 from jaxreplay.learner.batch import Batch
+from jaxreplay.models import lora as lora_lib
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
@@ -338,7 +345,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
                     compute_entropy: bool = True, donate: bool = True,
                     skip_nonfinite: bool = True, logprob_remat: str = "auto",
                     nonfinite_check: str = "grads",
-                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None):
+                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None,
+                    lora=None):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
   loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
@@ -363,6 +371,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
   logprob_processing: None (log-probs of the raw softmax), or the rollouts' sampling distribution
     (`logprob_processing(config)`): the policy, reference and entropy are those of the processed
     distribution, whose log-probs the samplers store (`logprobs.LogprobProcessing`).
+  lora: an `adapters.FrozenBase` (LoRA: state.params are its adapters, see the module docstring),
+    or None (full fine-tuning).
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
     entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
     of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
@@ -380,15 +390,17 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
   needs_ref = loss_fn.needs_ref
   multiple = sharding.batch_size_multiple(mesh)
 
-  def forward(params, ref_params, mb: Batch, lfn):
-    """Loss of one (micro-)batch and its statistics."""
-    out = logprobs_lib.token_logprobs(model_cfg, params, mb.tokens, mb.targets, mb.positions,
-                                      mb.segment_ids, chunk_size=chunk_size,
-                                      return_entropy=compute_entropy, remat=logprob_remat,
-                                      processing=logprob_processing,
+  def forward(params, ref_params, mb: Batch, lfn, base=None):
+    """Loss of one (micro-)batch and its statistics (`base`: LoRA's frozen base, else None)."""
+    out = logprobs_lib.token_logprobs(model_cfg, _model_params(lora, params, base), mb.tokens,
+                                      mb.targets, mb.positions, mb.segment_ids,
+                                      chunk_size=chunk_size, return_entropy=compute_entropy,
+                                      remat=logprob_remat, processing=logprob_processing,
                                       single_sequence_rows=not mb.packed)
     lp, ent = out if compute_entropy else (out, None)
     ref_lp = None
+    if lora is not None and needs_ref:  # the initial policy is the base itself
+      ref_params = base
     if ref_params is not None:
       ref_lp = jax.lax.stop_gradient(logprobs_lib.token_logprobs(
           model_cfg, jax.lax.stop_gradient(ref_params), mb.tokens, mb.targets, mb.positions,
@@ -399,19 +411,19 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     ent_sum = jnp.sum(jax.lax.stop_gradient(ent) * m) if ent is not None else jnp.zeros(())
     return loss, (aux, ent_sum)
 
-  def weighted_grad(params, ref_params, mb: Batch, weight, lfn):
+  def weighted_grad(params, ref_params, mb: Batch, weight, lfn, base=None):
     def f(p):
-      loss, extra = forward(p, ref_params, mb, lfn)
+      loss, extra = forward(p, ref_params, mb, lfn, base)
       return weight * loss, (loss, extra)
     (_, (loss, (aux, ent_sum))), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, aux, ent_sum, grads
 
-  def step(state: TrainState, batch: Batch):
+  def step(state: TrainState, batch: Batch, base=None):
     b, t = batch.tokens.shape
     if b % (k * multiple):
       raise ValueError(f"batch of {b} rows: must be a multiple of num_microbatches * data * fsdp = "
                        f"{k} * {multiple} = {k * multiple}")
-    if needs_ref and state.ref_params is None:
+    if needs_ref and state.ref_params is None and lora is None:
       raise ValueError("loss_fn has kl_coef != 0 but the state has no ref_params; create it with "
                        "init_train_state(..., with_ref_params=True)")
     lfn = loss_fn
@@ -422,7 +434,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
           loss_fn, normalizer=jnp.maximum(n_rows, 1.0) * t if batch.packed else float(b * t))
 
     if k == 1:
-      loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn)
+      loss, aux, ent_sum, grads = weighted_grad(state.params, state.ref_params, batch, 1.0, lfn,
+                                                base)
       for key in aux:
         _aux_kind(key)  # an undeclared statistic fails with k = 1 too, not once k > 1 is set
     else:
@@ -437,7 +450,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
         row_w = rows / jnp.maximum(n_rows, 1.0)
         loss_w = {"token_mean": tok_w, "sequence_mean": row_w, "constant": 1.0}[aggregation]
         loss_w = jnp.asarray(loss_w, jnp.float32)
-        loss, aux, ent_sum, g = weighted_grad(state.params, state.ref_params, mb, loss_w, lfn)
+        loss, aux, ent_sum, g = weighted_grad(state.params, state.ref_params, mb, loss_w, lfn,
+                                              base)
         acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
         return acc, (loss, aux, ent_sum, tok_w, row_w, loss_w)
 
@@ -487,10 +501,11 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     return new_state, metrics
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))  # a prefix: rows of every field
-  jitted = jax.jit(step, in_shardings=(state_shardings, batch_sh),
+  in_shardings = (state_shardings, batch_sh) + (() if lora is None else (lora.shardings,))
+  jitted = jax.jit(step, in_shardings=in_shardings,
                    out_shardings=(state_shardings, sharding.replicated(mesh)),
                    donate_argnums=(0,) if donate else ())
-  return _with_global_batch(jitted, mesh)
+  return _with_global_batch(_bind_base(jitted, lora), mesh)
 
 
 def all_finite(tree: Any) -> bool:
@@ -514,19 +529,40 @@ def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:
   return call
 
 
+def _model_params(lora, params: Any, base: Any) -> Any:
+  """The forward's params: `params` itself, or with LoRA the base with `params` (adapters)
+  attached (`lora.attach`)."""
+  return params if lora is None else lora_lib.attach(base, params, lora.spec)
+
+
+def _bind_base(jitted: Callable, lora) -> Callable:
+  """`fn(x, batch)` calling `jitted(x, batch, lora.params)` (LoRA's frozen base, an argument so
+  that it is neither a compile-time constant nor donated); `jitted` itself without LoRA."""
+  if lora is None:
+    return jitted
+
+  def call(params_or_state, batch):
+    return jitted(params_or_state, batch, lora.params)
+  call.lower = lambda params_or_state, batch: jitted.lower(params_or_state, batch, lora.params)
+  return call
+
+
 def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, chunk_size: int = 512,
                     return_entropy: bool = False,
-                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None):
+                    logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None,
+                    lora=None):
   """Jitted forward-only `fn(params, batch) -> logprobs float32 [B, T]` (, entropy [B, T]).
 
   Values are 0 where `batch.completion_mask` is 0, aligned with `Batch.behaviour_logprobs`, so the
   result compares directly with the sampler's log-probs (trainer/sampler mismatch) or serves as the
-  reference policy's log-probs. Outputs are batch-sharded; params are not donated.
+  reference policy's log-probs. Outputs are batch-sharded; params are not donated. With `lora` (an
+  `adapters.FrozenBase`) `params` are its adapters.
   logprob_processing: as in `make_train_step` (the samplers' processed distribution, so that the
   mismatch probe compares like with like).
   """
-  def fn(params, batch: Batch):
-    out = logprobs_lib.token_logprobs(model_cfg, params, batch.tokens, batch.targets,
+  def fn(params, batch: Batch, base=None):
+    out = logprobs_lib.token_logprobs(model_cfg, _model_params(lora, params, base), batch.tokens,
+                                      batch.targets,
                                       batch.positions, batch.segment_ids, chunk_size=chunk_size,
                                       return_entropy=return_entropy,
                                       processing=logprob_processing,
@@ -537,5 +573,6 @@ def make_logprob_fn(model_cfg: ModelConfig, mesh: Mesh, param_shardings: Any, ch
     return jnp.where(valid, out, 0.0)
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))
+  in_shardings = (param_shardings, batch_sh) + (() if lora is None else (lora.shardings,))
   return _with_global_batch(
-      jax.jit(fn, in_shardings=(param_shardings, batch_sh), out_shardings=batch_sh), mesh)
+      _bind_base(jax.jit(fn, in_shardings=in_shardings, out_shardings=batch_sh), lora), mesh)

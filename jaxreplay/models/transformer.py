@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxreplay.models import layout
+from jaxreplay.models.lora import LoraKernel
 from jaxreplay.models.config import ATTENTION_IMPLEMENTATIONS, ModelConfig
 
 # Masked attention scores get this finite value (not -inf), so a fully masked row (padding) yields a
@@ -128,7 +129,15 @@ def _matmul_2d(x: jax.Array, kernel: jax.Array, contract_kernel_dim: int) -> jax
 
 
 def _dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """x [..., in] @ kernel [in, out] in x.dtype with float32 accumulation."""
+  """x [..., in] @ kernel [in, out] in x.dtype with float32 accumulation.
+
+  A `lora.LoraKernel` (`lora.attach`) adds its low-rank term: x @ w + scale * (x @ a) @ b, the
+  rank-r product x @ a rounded to x.dtype as vLLM's LoRA kernels do, both terms summed in float32.
+  """
+  if isinstance(kernel, LoraKernel):
+    y = _matmul_2d(x, kernel.w.astype(x.dtype), 0)
+    xa = _matmul_2d(x, kernel.a.astype(x.dtype), 0).astype(x.dtype)
+    return (y + kernel.scale * _matmul_2d(xa, kernel.b.astype(x.dtype), 0)).astype(x.dtype)
   return _matmul_2d(x, kernel.astype(x.dtype), 0).astype(x.dtype)
 
 

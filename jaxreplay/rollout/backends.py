@@ -14,6 +14,12 @@ handle the workers load with `load_weights`:
                  linear layers from it (`rollout.vllm_direct_load`);
           "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
           Each engine loads a refresh in one RPC.
+LoRA (model.lora_rank > 0, `lora=` the trainer's `learner.adapters.FrozenBase`): the published
+params are the adapters and only they travel, under the transport "lora" of the tables
+(`rollout.weights.adapter_publisher`): JAX samplers get the frozen base with a device copy of the
+adapters attached; vLLM engines start from the base's HF directory with LoRA enabled and register
+each version's adapter directory (PEFT's format) as a new vLLM adapter (rollout.weight_transport is
+not used).
 With several trainer processes every process gathers full host copies first (a collective).
 `make_worker(index, weights)` builds worker `index` holding `weights`; the schedules
 (`jaxreplay.run.schedules`) decide how many workers run and when they load newer weights.
@@ -90,13 +96,31 @@ def _object_store(backend: "RolloutBackend", keep: int):
   return ray_publisher.ObjectStorePublisher(backend.model_cfg, "hf", backend.dtype, keep=keep)
 
 
-# (rollout.backend, rollout.placement, rollout.weight_transport or None where it has no say)
+def _adapter_device_copies(backend: "RolloutBackend", keep: int):
+  """LoRA, JAX samplers in this process: the base with a device copy of the adapters attached."""
+  from jaxreplay.rollout.weights.adapter_publisher import AdapterDeviceCopyPublisher  # pylint: disable=g-import-not-at-top
+  del keep
+  return AdapterDeviceCopyPublisher(backend.model_cfg, backend.lora)
+
+
+def _adapter_dirs(backend: "RolloutBackend", keep: int):
+  """LoRA, vLLM engines of this machine: one PEFT adapter directory per version in /dev/shm, in
+  the engines' dtype."""
+  from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher  # pylint: disable=g-import-not-at-top
+  return AdapterDirPublisher(backend.model_cfg, backend.lora.spec, backend.dtype,
+                             keep=max(keep, 2), base_model_name_or_path=backend.lora.path)
+
+
+# (rollout.backend, rollout.placement, rollout.weight_transport or None where it has no say;
+# "lora" when only LoRA adapters travel)
 PUBLISHERS = {
     ("jax", "local", None): _device_copies,
     ("vllm", "local", "shm"): _shm_segments,
     ("vllm", "local", "file"): _hf_dirs,
     ("jax", "ray", None): _object_store,
     ("vllm", "ray", None): _object_store,
+    ("jax", "local", "lora"): _adapter_device_copies,
+    ("vllm", "local", "lora"): _adapter_dirs,
 }
 
 
@@ -110,14 +134,10 @@ def _jax_sampler(backend: "RolloutBackend", index: int, weights: Weights) -> Rol
 def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
   """A vLLM engine in its own process on this machine's worker GPUs (or CPU)."""
   from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
-  c = backend.config
   settings = dict(backend.settings)
   env = dict(settings.pop("env"))
   seed = backend.worker_seed(index)
-  gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
-  if gpus:  # jaxreplay.config.devices (launch): tensor_parallel_size worker GPUs per worker
-    groups = worker_gpu_groups(gpus, c.rollout.vllm_tensor_parallel_size)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(groups[index % len(groups)])
+  env.update(_worker_gpus_env(backend, index))  # tensor_parallel_size worker GPUs per worker
   if backend.transport == "file":
     return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
                              eos_token_ids=backend.stop_ids,
@@ -126,11 +146,16 @@ def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> Ro
   worker = VllmWorkerProcess(backend.publisher.model_dir, weights_pending=True, policy_version=-1,
                              seed=seed, env=env, eos_token_ids=backend.stop_ids,
                              startup_timeout_s=backend.startup_timeout_s, **settings)
+  return _first_load(worker, index, weights)
+
+
+def _first_load(worker, index: int, weights: Weights) -> RolloutWorker:
+  """`worker` (just started, holding no policy) given `weights`; killed when that fails."""
   try:
     worker.load_weights(weights)
   except StaleWeights:
-    # Newer versions reused the segment's slot while the engine started (tens of seconds): the
-    # worker holds no weights yet (version -1); the pool loads its newest target next.
+    # Newer versions replaced these while the engine started (tens of seconds): the worker holds
+    # no weights yet (version -1); the pool loads its newest target next.
     logging.info("rollout worker %d started after version %d was superseded; it loads the "
                  "newest next", index, weights.version)
   except BaseException:
@@ -139,17 +164,44 @@ def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> Ro
   return worker
 
 
+def _vllm_lora_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+  """LoRA: a vLLM engine in its own process started from the base's HF directory with LoRA on,
+  then given the version's adapter."""
+  from jaxreplay.models.lora import vllm_max_lora_rank  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
+  settings = dict(backend.settings)
+  env = dict(settings.pop("env"))
+  env.update(_worker_gpus_env(backend, index))
+  worker = VllmWorkerProcess(backend.lora_model_dir.path, policy_version=-1,
+                             max_lora_rank=vllm_max_lora_rank(backend.lora.spec.rank),
+                             seed=backend.worker_seed(index), env=env,
+                             eos_token_ids=backend.stop_ids,
+                             startup_timeout_s=backend.startup_timeout_s, **settings)
+  return _first_load(worker, index, weights)
+
+
+def _worker_gpus_env(backend: "RolloutBackend", index: int) -> dict[str, str]:
+  """CUDA_VISIBLE_DEVICES of vLLM worker `index` (jaxreplay.config.devices, launch), or {}."""
+  gpus = [g for g in os.environ.get("JAXREPLAY_WORKER_GPUS", "").split(",") if g]
+  if not gpus:
+    return {}
+  groups = worker_gpu_groups(gpus, backend.config.rollout.vllm_tensor_parallel_size)
+  return {"CUDA_VISIBLE_DEVICES": ",".join(groups[index % len(groups)])}
+
+
 def _ray_actor(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
   """Actor `index` of the Ray group (made on first use, re-attached after a restart)."""
   return backend.ray_group.make_worker(index, weights)
 
 
-# (rollout.backend, rollout.placement) -> the factory of worker `index` holding `weights`
+# (rollout.backend, rollout.placement[, "lora"]) -> the factory of worker `index` holding `weights`
 WORKERS = {
     ("jax", "local"): _jax_sampler,
     ("vllm", "local"): _vllm_process,
     ("jax", "ray"): _ray_actor,
     ("vllm", "ray"): _ray_actor,
+    ("jax", "local", "lora"): _jax_sampler,
+    ("vllm", "local", "lora"): _vllm_lora_process,
 }
 
 
@@ -163,11 +215,15 @@ class RolloutBackend:
     serves_workers: False on trainer processes other than 0 under the multi-process async
       schedule: process 0 owns the workers, so `publish` here only takes part in the host copy (a
       collective) and returns a version-only handle, and `make_worker` refuses.
+    lora: LoRA's `learner.adapters.FrozenBase` (its spec, params, path, model_params): `publish`
+      then takes the adapters (transport "lora"); None for full weights.
   """
 
-  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True):
+  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True, lora=None):
     self.config, self.model_cfg, self.stop_ids = config, model_cfg, tuple(stop_ids)
     self.serves_workers = bool(serves_workers)
+    self.lora = lora
+    self.lora_model_dir = None  # LoRA + vLLM: the base's HF dir the engines start from
     self.backend = config.rollout.backend
     if self.backend not in ("jax", "vllm"):
       raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
@@ -190,14 +246,24 @@ class RolloutBackend:
       if self.transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
                          f"{WEIGHT_TRANSPORTS}")
-    local_vllm = (self.backend, self.placement) == ("vllm", "local")
-    self._publisher_key = (self.backend, self.placement, self.transport if local_vllm else None)
-    self._make_worker = WORKERS[(self.backend, self.placement)]
+    if lora is not None:
+      self.transport = "lora"  # only the adapters travel (whatever rollout.weight_transport says)
+    local = (self.backend == "vllm" or lora is not None) and self.placement == "local"
+    self._publisher_key = (self.backend, self.placement, self.transport if local else None)
+    worker_key = (self.backend, self.placement) + (("lora",) if lora is not None else ())
+    if worker_key not in WORKERS or self._publisher_key not in PUBLISHERS:
+      raise ValueError(f"rollout.backend={self.backend!r} with rollout.placement="
+                       f"{self.placement!r}{' and LoRA' if lora is not None else ''} is not built; "
+                       "LoRA adapters reach local workers only (rollout.placement='local')")
+    self._make_worker = WORKERS[worker_key]
     if not self.serves_workers:
       return  # process 0 owns the workers (and Ray): nothing to start here
     try:
       if self.placement == "ray":
         self.ray_group = self._make_ray_group()
+      if lora is not None and self.backend == "vllm":
+        from jaxreplay.rollout.weights.adapter_publisher import BaseModelDir  # pylint: disable=g-import-not-at-top
+        self.lora_model_dir = BaseModelDir(model_cfg, lora.params, lora.path, self.dtype)
       self.publisher = self._make_publisher(keep=int(config.rollout.get("keep_versions", 3)))
     except BaseException:
       self.close()
@@ -289,6 +355,9 @@ class RolloutBackend:
     if self.ray_group is not None:  # the actors, the placement group (and Ray, if started here)
       self.ray_group.close()
       self.ray_group = None
+    if self.lora_model_dir is not None:
+      self.lora_model_dir.close()
+      self.lora_model_dir = None
 
 
 def ray_gpus_per_worker(config, on_cpu: bool) -> float:

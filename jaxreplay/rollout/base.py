@@ -71,6 +71,8 @@ class Weights:
   (`rollout.shm_weights`, transport "shm"; None otherwise); cfg: the ModelConfig of params
   (optional); ready: None when the weights are complete, else a `concurrent.futures.Future` that
   the publisher settles when the segment is written (it is written off the trainer's thread).
+  lora_dir: LoRA (model.lora_rank > 0) for vLLM engines: the version's adapter directory in PEFT's
+  format (`rollout.weights.adapter_publisher`); the engine keeps its base and swaps the adapter.
   object_ref: the Ray object-store copy (rollout.placement="ray", `rollout.ray_workers`): a
   `concurrent.futures.Future` of the `ray_workers.StoredWeights` (settled, like `ready`, when the
   background `ray.put` is done), or such a record itself; None otherwise.
@@ -81,6 +83,7 @@ class Weights:
   hf_dir: Optional[str] = None
   cfg: Any = None
   shm_path: Optional[str] = None
+  lora_dir: Optional[str] = None
   ready: Any = dataclasses.field(default=None, compare=False, repr=False)
   object_ref: Any = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -94,9 +97,11 @@ class Weights:
       self.ready.result(timeout_s)
 
   def portable(self) -> "Weights":
-    """What a worker in another process gets: version, hf_dir and shm_path (waits until ready)."""
+    """What a worker in another process gets: version, hf_dir, shm_path and lora_dir (waits until
+    ready)."""
     self.wait()
-    return Weights(version=int(self.version), hf_dir=self.hf_dir, shm_path=self.shm_path)
+    return Weights(version=int(self.version), hf_dir=self.hf_dir, shm_path=self.shm_path,
+                   lora_dir=self.lora_dir)
 
 
 class RolloutWorker(Protocol):

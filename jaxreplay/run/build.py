@@ -34,7 +34,9 @@ from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
 from jaxreplay import tasks
+from jaxreplay.learner import adapters
 from jaxreplay.learner import trainer
+from jaxreplay.models import lora as lora_lib
 from jaxreplay.data.experience import Intake, PromptSource, make_advantage_fn
 from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
@@ -181,6 +183,11 @@ class Parts:
   gen_seconds_per_rollout: float
   regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
   reuse: Optional[Any] = None   # run.reuse.ReuseController
+  lora: Optional[adapters.FrozenBase] = None  # LoRA (model.lora_rank > 0): state.params are adapters
+
+  def model_params(self, params):
+    """The policy's params of train-state params `params` (with LoRA: the base with them attached)."""
+    return params if self.lora is None else self.lora.model_params(params)
 
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
@@ -217,24 +224,28 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                shardings=sharding.param_shardings(storage, mesh))
   t = c.trainer
   optimizer, lr_fn, loss_fn = optimization(c)
-  state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
-                                   mesh=mesh, with_ref_params=t.kl_coef != 0.0,
-                                   donate_params=params is not None)
+  lora_spec, base = lora_lib.spec_from_config(c.model), None
+  if lora_spec is None:
+    state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed),
+                                     params=params, mesh=mesh, with_ref_params=t.kl_coef != 0.0,
+                                     donate_params=params is not None)
+  else:
+    base, state = lora_state(c, model_cfg, lora_spec, optimizer, mesh, params)
   del params
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
                                        logprob_processing=trainer.logprob_processing(c),
-                                       **trainer.step_options(t))
+                                       lora=base, **trainer.step_options(t))
   logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk,
-                                       logprob_processing=trainer.logprob_processing(c))
+                                       logprob_processing=trainer.logprob_processing(c), lora=base)
   regime_diagnostics = regime.RegimeDiagnostics(
       model_cfg, loss_fn, mesh, state_sh.params, every=c.log.diagnostics_every,
       splits=c.log.diagnostics_splits, probe_rollouts=c.log.diagnostics_probe,
       decay=c.log.noise_scale_decay, chunk_size=t.logprob_chunk,
       logprob_remat=trainer.step_options(t)["logprob_remat"],
-      logprob_processing=trainer.logprob_processing(c),
+      logprob_processing=trainer.logprob_processing(c), lora=base,
       collate=lambda rollouts: collate_lib.collate(rollouts, buckets=buckets,
                                                    pad_id=codec.pad_id))
 
@@ -247,6 +258,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
     resumed_step, state, resumed_host, skipped = resumed
     logging.info("restored checkpoint step %d%s", resumed_step, f" (skipped damaged steps "
                  f"{', '.join(str(s) for s, _ in skipped)})" if skipped else "")
+    if base is not None:  # the adapters only make sense on the base they were trained on
+      adapters.check_resume(resumed_host.get("lora"), base, workdir)
   step = int(jax.device_get(state.step))
 
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
@@ -278,11 +291,12 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
   follower = c.scheduler.kind == "async" and jax.process_index() > 0
-  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower)
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base)
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
   if c.eval.backend == "trainer":
-    eval_sampler = JaxSampler(model_cfg, sharding.local_params(state.params), c.model.max_len,
+    policy = state.params if base is None else base.model_params(state.params)
+    eval_sampler = JaxSampler(model_cfg, sharding.local_params(policy), c.model.max_len,
                               batch_size=c.eval.batch_size or c.rollout.sampler_batch_size,
                               eos_token_ids=codec.stop_ids, seed=c.seed + 1)
   gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
@@ -295,4 +309,21 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
       eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
       gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics,
-      reuse=reuse_controller)
+      reuse=reuse_controller, lora=base)
+
+
+def lora_state(c, model_cfg, spec, optimizer, mesh, params):
+  """LoRA (model.lora_rank > 0): (the frozen base, the adapters' train state). The base is
+  model.path's params (loaded, placed), else the preset initialised as a full fine-tuning run's
+  params are (the first split of PRNGKey(seed)); the adapters draw from fold_in(PRNGKey(seed), 1)."""
+  if jax.process_count() > 1:
+    raise ValueError("model.lora_rank > 0 with several trainer processes is not built (the "
+                     "samplers need the base on every process); run LoRA on one trainer process")
+  key = jax.random.PRNGKey(c.seed)
+  base = adapters.frozen_base(model_cfg, spec, mesh, params, rng=jax.random.split(key)[0],
+                              path=c.model.path)
+  state = adapters.init_adapter_state(model_cfg, spec, optimizer, jax.random.fold_in(key, 1), mesh)
+  logging.info("LoRA rank %d (alpha %g, scale %.4g) on %s: %d adapter parameters, base %s frozen",
+               spec.rank, spec.alpha, spec.scale, ",".join(spec.targets),
+               lora_lib.num_params(model_cfg, spec), model_cfg.param_dtype)
+  return base, state

@@ -40,6 +40,7 @@ from jaxreplay.run import evaluation
 from jaxreplay.infra import compilation_cache
 from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
+from jaxreplay.models import lora as lora_lib
 from jaxreplay.infra import safety
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
@@ -260,8 +261,8 @@ class Pipeline:
                     temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
                     top_p=c.eval.top_p, seed=c.seed + 7919)
     if p.eval_sampler is not None:  # eval.backend="trainer"
-      p.eval_sampler.load_weights(Weights(self.step,
-                                          params=sharding.local_params(self.state.params)))
+      params = p.model_params(self.state.params)  # LoRA: the base with the adapters attached
+      p.eval_sampler.load_weights(Weights(self.step, params=sharding.local_params(params)))
       return evaluation.evaluate(p.eval_sampler.generate, p.task, problems, p.codec, **settings)
     return self._evaluate_on_engines(settings, problems)
 
@@ -318,6 +319,8 @@ class Pipeline:
                           "compute_at_step_end": self._compute_at_step_end}}
     if hasattr(self.scheduler, "state_dict"):
       host["scheduler"] = self.scheduler.state_dict()
+    if p.lora is not None:  # the base the adapters belong to: path and content hash (not the base)
+      host["lora"] = p.lora.identity()
     return host
 
   def _check_finite(self, what: str) -> None:
@@ -341,11 +344,18 @@ class Pipeline:
       self.export_hf()
 
   def export_hf(self) -> None:
+    """WORKDIR/hf: the policy as an HF model; with LoRA the merged model, and the adapters in
+    PEFT's format in WORKDIR/hf_adapter (`lora.save_peft`)."""
     self._check_finite("HF export")
+    p = self.parts
     params = sharding.host_local(self.state.params)  # a collective when multi-process
-    if jax.process_index() == 0:
-      models.save_hf(self.parts.model_cfg, params, os.path.join(self.parts.workdir, "hf"),
-                     tokenizer_dir=self.parts.tokenizer_dir)
+    if jax.process_index() != 0:
+      return
+    if p.lora is not None:
+      lora_lib.save_peft(os.path.join(p.workdir, "hf_adapter"), p.model_cfg, p.lora.spec, params,
+                         base_model_name_or_path=p.lora.path)
+      params = lora_lib.merge(p.model_cfg, sharding.host_local(p.lora.params), params, p.lora.spec)
+    models.save_hf(p.model_cfg, params, os.path.join(p.workdir, "hf"), tokenizer_dir=p.tokenizer_dir)
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
     p = self.parts
@@ -452,7 +462,8 @@ def write_run_config(config, workdir: str) -> None:
 
 def check_resume_compatible(config, workdir: str) -> None:
   """Changes between the run that wrote `workdir` and this one that would silently change the
-  training: a cosine schedule's total_steps or warmup (the learning rate would jump)."""
+  training: a cosine schedule's total_steps or warmup (the learning rate would jump), LoRA turned
+  on or off or its shape changed (the checkpoint holds the other kind of train state)."""
   path = os.path.join(workdir, "run_config.json")
   ckpt_dir = os.path.join(workdir, "checkpoints")
   committed = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
@@ -463,6 +474,14 @@ def check_resume_compatible(config, workdir: str) -> None:
       old = json.load(f)
   except (OSError, ValueError):
     return
+  lora_keys = ("lora_rank", "lora_targets", "lora_alpha", "lora_rslora", "lora_dtype")
+  old_m = old.get("model", {})
+  lora_changed = [f"model.{k} {old_m.get(k)} -> {config.model.get(k)}" for k in lora_keys
+                  if k in old_m and _plain(old_m[k]) != _plain(config.model.get(k))]
+  if lora_changed:
+    raise ValueError(f"resuming {workdir} with changed LoRA settings ({', '.join(lora_changed)}): "
+                     "its checkpoints hold the other train state. Resume with the original values, "
+                     "or start a new workdir")
   t, old_t = config.trainer, old.get("trainer", {})
   if t.schedule != "cosine" or old_t.get("schedule") != "cosine":
     return
@@ -474,6 +493,11 @@ def check_resume_compatible(config, workdir: str) -> None:
         f"resuming {workdir} with a changed cosine schedule ({', '.join(changed)}): the learning "
         "rate would jump at the resumed step. Resume with the original values, or start a new "
         "workdir (or use trainer.schedule='constant', which has no horizon)")
+
+
+def _plain(value):
+  """A config value as run_config.json holds it (tuples as lists)."""
+  return list(value) if isinstance(value, (tuple, list)) else value
 
 
 def run(config, workdir: str) -> dict[str, Any]:

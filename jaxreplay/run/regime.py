@@ -89,22 +89,23 @@ class RegimeDiagnostics:
     decay: the noise scale's moving-average decay.
     collate: `fn(rollouts) -> Batch` of the probe (the pipeline's collate settings).
     chunk_size, logprob_remat, logprob_processing: the train step's log-prob settings.
+    lora: the train step's `adapters.FrozenBase` (LoRA: params are the adapters), or None.
   """
 
   def __init__(self, model_cfg, loss_fn, mesh, param_shardings, every: int, splits: int = 4,
                probe_rollouts: int = 8, decay: float = 0.9, collate=None, chunk_size: int = 512,
-               logprob_remat: str = "auto", logprob_processing=None):
+               logprob_remat: str = "auto", logprob_processing=None, lora=None):
     self.every, self.preferred_splits = int(every), int(splits)
     self.probe_rollouts = int(probe_rollouts)
     self.noise = NoiseScale(decay)
     self._collate = collate
     self._make = lambda k: diagnostics.make_diagnostics_fn(
         model_cfg, loss_fn, mesh, param_shardings, splits=k, chunk_size=chunk_size,
-        logprob_remat=logprob_remat, logprob_processing=logprob_processing)
+        logprob_remat=logprob_remat, logprob_processing=logprob_processing, lora=lora)
     self._fns: dict[int, Any] = {}
     # The probe is a host batch given to every process alike; with several trainer processes it
     # would need a global array of its own: the update KL is measured in one-process runs only.
-    self._probe_fn = (diagnostics.make_probe_fn(model_cfg, mesh, param_shardings)
+    self._probe_fn = (diagnostics.make_probe_fn(model_cfg, mesh, param_shardings, lora=lora)
                       if self.probe_rollouts and jax.process_count() == 1 else None)
     self._multiple = max(1, int(np.prod([mesh.shape.get(a, 1) for a in ("data", "fsdp")])))
     self.probe: Optional[list[Rollout]] = None

@@ -23,6 +23,14 @@ it also reaches an engine core in its own process, then a prefix-cache reset:
     with the shared-memory engine of `vllm_transfer` (tensors mapped from /dev/shm, no files);
   - `Weights(version, hf_dir=...)` (transport "file"): vLLM's in-place `reload_weights` of the
     safetensors written by `models.save_hf`.
+  - `Weights(version, lora_dir=...)` (LoRA, `max_lora_rank` > 0): the engine keeps its base weights
+    (started from the base's HF directory) and registers the version's adapter directory (PEFT's
+    format) through vLLM's own LoRA support, as a new adapter id per version (`add_lora` of
+    `LoRARequest(f"v{version}", version + 1, dir)`); every later request carries that request, and
+    the previous id is removed once the new one is in, which is after its last request finished
+    (`generate` and `load_weights` hold one lock: vLLM would otherwise silently reload a removed id
+    its running requests still use). Until the first adapter is loaded the engine refuses to
+    generate (it would sample the base, not the policy).
 Both keep CUDA-graph references. On CPU, vLLM keeps a packed copy of each linear weight; with tied
 embeddings the LM head is not reloaded itself (its weight is the embedding's) so its packed copy
 would stay stale: it is re-packed after the reload. With `weights_pending=True` the engine starts
@@ -127,11 +135,12 @@ WORKER_EXTENSION = "jaxreplay.rollout.vllm.transfer.WorkerExtension"
 def _check_weights(weights: Weights) -> None:
   if not isinstance(weights, Weights):
     raise TypeError(f"load_weights takes a jaxreplay.rollout.base.Weights, got {type(weights)}")
-  if weights.hf_dir is None and weights.shm_path is None:
-    raise ValueError(f"vLLM loads weights from an HF directory or a shared-memory segment, but this "
-                     f"Weights handle (version {weights.version}) has neither; publish them with "
-                     "ShmPublisher.publish or WeightPublisher.publish (or models.save_hf) and pass "
-                     "that handle")
+  if weights.hf_dir is None and weights.shm_path is None and weights.lora_dir is None:
+    raise ValueError(f"vLLM loads weights from an HF directory or a shared-memory segment (LoRA: "
+                     f"an adapter directory), but this Weights handle (version {weights.version}) "
+                     "has neither; publish them with ShmPublisher.publish or "
+                     "WeightPublisher.publish (or models.save_hf; LoRA: AdapterDirPublisher) and "
+                     "pass that handle")
 
 
 def _check_hf_dir(hf_dir: str, weights: bool = True) -> None:
@@ -177,6 +186,10 @@ class VllmEngine:
       `VLLM_CPU_KVCACHE_SPACE=1` GiB, warnings-only logging).
     engine_kwargs: more `vllm.LLM` keyword arguments (e.g. `gpu_memory_utilization`,
       `tensor_parallel_size`).
+    max_lora_rank: > 0: serve LoRA adapters of rank up to this (vLLM `enable_lora`; one of vLLM's
+      allowed values, `models.lora.vllm_max_lora_rank`; one adapter at a time); `hf_dir` holds the
+      base and policy versions arrive as `Weights(lora_dir=...)`. On CPU vLLM then runs eager (no compilation)
+      and its LoRA kernels gather the adapters per token: decoding is ~2x slower.
   """
 
   def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
@@ -184,7 +197,8 @@ class VllmEngine:
                eos_token_ids: Optional[Sequence[int]] = None,
                enforce_eager: bool = True, logprobs_mode: str = "processed_logprobs",
                disable_torch_compile: bool = True, env: Optional[dict[str, str]] = None,
-               engine_kwargs: Optional[dict[str, Any]] = None, weights_pending: bool = False):
+               engine_kwargs: Optional[dict[str, Any]] = None, weights_pending: bool = False,
+               max_lora_rank: int = 0):
     _check_hf_dir(hf_dir, weights=not weights_pending)
     if logprobs_mode not in _LOGPROBS_MODES:
       raise ValueError(f"logprobs_mode={logprobs_mode!r}; expected one of {_LOGPROBS_MODES}")
@@ -219,7 +233,9 @@ class VllmEngine:
     # (`vllm_direct_load`); False keeps vLLM's generic layerwise reload (for comparisons).
     self.direct_load = True
     self.last_update_phases: dict[str, float] = {}
-    self._has_weights = not weights_pending
+    self._has_weights = not weights_pending and not max_lora_rank  # LoRA: after the first adapter
+    self.max_lora_rank = int(max_lora_rank)
+    self._lora_request = None  # the adapter of the current version (LoRA)
     start = time.perf_counter()
     kwargs = dict(model=hf_dir, skip_tokenizer_init=True, dtype=dtype, seed=self.seed,
                   enforce_eager=enforce_eager, logprobs_mode=logprobs_mode,
@@ -228,6 +244,9 @@ class VllmEngine:
                   weight_transfer_config=WeightTransferConfig(backend=SHM_BACKEND))
     if weights_pending:
       kwargs["load_format"] = "dummy"
+    if self.max_lora_rank:
+      kwargs.update(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1,
+                    max_cpu_loras=2)
     kwargs.update(engine_kwargs or {})
     self._llm = vllm.LLM(**kwargs)
     self.startup_seconds = time.perf_counter() - start
@@ -245,8 +264,8 @@ class VllmEngine:
     with self._lock:
       llm = self._require_open()
       if not self._has_weights:
-        raise RuntimeError("this engine started with weights_pending=True and has loaded no weights "
-                           "yet; call load_weights first")
+        raise RuntimeError("this engine started with weights_pending=True (or for LoRA) and has "
+                           "loaded no weights (adapter) yet; call load_weights first")
       version = self.policy_version
       call_index = self._calls
       self._calls += 1
@@ -257,7 +276,7 @@ class VllmEngine:
                                     request_seed(self.seed, sampling.seed, call_index, i))
                 for i in range(len(prompts))]
       start = time.perf_counter()
-      outputs = llm.generate(requests, params, use_tqdm=False)
+      outputs = llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
       self.generate_seconds += time.perf_counter() - start
       groups = [self._to_group(p, out, n, version, i, greedy)
                 for i, (p, out) in enumerate(zip(prompts, outputs))]
@@ -277,6 +296,8 @@ class VllmEngine:
     """
     _check_weights(weights)
     weights.wait()
+    if weights.lora_dir is not None:
+      return self._load_adapter(weights)
     if weights.shm_path is None:
       _check_hf_dir(weights.hf_dir)
     with self._lock:
@@ -303,6 +324,48 @@ class VllmEngine:
       phases["total_s"] = self.last_update_seconds
       self.last_update_phases = phases
     return dict(phases)
+
+  def _load_adapter(self, weights: Weights) -> dict[str, float]:
+    """LoRA: registers `weights.lora_dir` as adapter id version + 1, then removes the previous id
+    (no request of it is running: this holds the engine's lock); returns {"total_s", "bytes"}.
+    Raises `StaleWeights` when the directory is gone (its publisher kept newer versions only)."""
+    if not self.max_lora_rank:
+      raise ValueError(f"weights of version {weights.version} are a LoRA adapter, but this engine "
+                       "was started without LoRA (VllmEngine(max_lora_rank=r))")
+    from vllm.lora.request import LoRARequest  # pylint: disable=g-import-not-at-top
+    path = os.path.abspath(weights.lora_dir)
+    request = LoRARequest(f"v{int(weights.version)}", int(weights.version) + 1, path)
+    with self._lock:
+      llm = self._require_open()
+      start = time.perf_counter()
+      old = self._lora_request
+      if old is None or old.lora_int_id != request.lora_int_id:
+        if not os.path.isdir(path):
+          raise StaleWeights(f"adapter directory {path} (version {weights.version}) is gone: "
+                             "newer versions replaced it")
+        try:
+          llm.llm_engine.add_lora(request)
+        except Exception as e:  # pylint: disable=broad-except
+          if not os.path.isdir(path):  # deleted while vLLM read it
+            raise StaleWeights(f"adapter directory {path} (version {weights.version}) was "
+                               "removed while loading") from e
+          raise
+        if old is not None:
+          llm.llm_engine.remove_lora(old.lora_int_id)
+      if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache after an adapter refresh")
+      self._lora_request = request
+      self.policy_version = int(weights.version)
+      self._has_weights = True
+      self.last_update_seconds = time.perf_counter() - start
+      nbytes = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+      self.last_update_phases = {"total_s": self.last_update_seconds, "bytes": float(nbytes)}
+    return dict(self.last_update_phases)
+
+  def loaded_adapters(self) -> list[int]:
+    """LoRA: the adapter ids vLLM holds (one after each refresh)."""
+    with self._lock:
+      return sorted(self._require_open().llm_engine.list_loras())
 
   def close(self) -> None:
     """Shuts the engine down and frees its memory; a new engine can then start in this process."""
@@ -441,6 +504,10 @@ class VllmWorkerProcess:
     phases = self._call("load_weights", (weights.portable(),), self.request_timeout_s)
     self.policy_version = int(weights.version)
     return phases
+
+  def loaded_adapters(self) -> list[int]:
+    """As `VllmEngine.loaded_adapters`, run in the child."""
+    return self._call("loaded_adapters", (), self.request_timeout_s)
 
   def ping(self, timeout_s: float = 30.0) -> dict[str, float]:
     """The child's `VllmEngine.stats()`; raises WorkerDied when it does not answer in time."""
