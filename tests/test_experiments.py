@@ -350,6 +350,35 @@ def test_frontier_ratios_take_each_seeds_best_arm_per_family():
   assert 1.5 - 1e-9 <= lo <= fr["ratio"]["geomean"] <= hi <= 2.0 + 1e-9
 
 
+def test_family_summary_reads_each_familys_bracket():
+  def arm(median, vs=None):
+    q = {"median": median, "q25": median - 0.01, "q75": median + 0.01, "n": 4}
+    out = {"final": {st.PRIMARY: q}}
+    if vs is not None:
+      out["vs_baseline"] = {"baseline": "on_lr2", "final": {st.PRIMARY: vs}}
+    return out
+  lr = lambda v: [["trainer.learning_rate", v]]
+  plan = {"on_lr1": {"family": "onpolicy", "overrides": lr(1e-5)},
+          "on_lr2": {"family": "onpolicy", "overrides": lr(3e-5)},
+          "on_lr3": {"family": "onpolicy", "overrides": lr(1e-4)},
+          "re_lr1": {"family": "replay", "overrides": lr(1e-5)},
+          "re_lr2": {"family": "replay", "overrides": lr(3e-5)},
+          "re_lr3": {"family": "replay", "overrides": lr(1e-4)},   # not finished
+          "nolr": {"family": "replay", "overrides": []},
+          "plain": {"family": "", "overrides": lr(1e-5)}}
+  arms = {"on_lr1": arm(0.40), "on_lr2": arm(0.45), "on_lr3": arm(0.30), "re_lr1": arm(0.41),
+          "re_lr2": arm(0.47, vs={"mean": 0.02, "ci95": [0.01, 0.03], "n": 4}),
+          "nolr": arm(0.5), "plain": arm(0.5)}
+  fam = st.family_summary(arms, plan)
+  assert set(fam) == {"onpolicy", "replay"}
+  on, re = fam["onpolicy"], fam["replay"]
+  assert on["lrs"] == [1e-5, 3e-5, 1e-4] and on["best_arm"] == "on_lr2" and on["best_lr"] == 3e-5
+  assert on["bracketed"] and on["final_pass1"]["median"] == 0.45 and on["vs_baseline"] is None
+  assert re["lrs"] == [1e-5, 3e-5] and re["best_arm"] == "re_lr2"
+  assert not re["bracketed"]  # the best is the highest finished rate: no worse rate above it
+  assert re["vs_baseline"] == {"baseline": "on_lr2", "mean": 0.02, "ci95": [0.01, 0.03], "n": 4}
+
+
 def test_record_keeps_thinned_rows_and_every_diagnostics_row():
   rows = [{"step": 0, "eval/pass@1": 0.1}]
   rows += [{"step": s, "loss": 0.1 * s, "reward_mean": 0.5, "time/step_s": 0.01,

@@ -431,6 +431,8 @@ def build_results(out: str) -> dict[str, Any]:
     summary = stats_lib.sweep_summary(
         curves, run_stats, plan["grid"], {a: v["baseline"] for a, v in plan["arms"].items()},
         plan["baseline"])
+    if any(a.get("family") for a in plan["arms"].values()):
+      summary["families"] = stats_lib.family_summary(summary["arms"], plan["arms"])
     results["sweeps"][name] = {k: v for k, v in plan.items() if k != "runs"}
     results["sweeps"][name]["finished_runs"] = sum(len(v) for v in curves.values())
     results["sweeps"][name]["planned_runs"] = len(plan["runs"])

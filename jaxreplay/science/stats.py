@@ -318,3 +318,47 @@ def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str
                 denominator: [json_number(x) for x in best[denominator]],
                 "ratio": ratio, "arms": best_arm}
   return out
+
+
+def family_summary(arms: Mapping[str, Mapping[str, Any]], plan_arms: Mapping[str, Mapping[str, Any]],
+                   metric: str = PRIMARY, lr_key: str = "trainer.learning_rate"
+                   ) -> dict[str, dict[str, Any]]:
+  """Each family's learning-rate bracket (issue 26's decisive sweep).
+
+  Args:
+    arms: `sweep_summary(...)["arms"]` (finished arms only).
+    plan_arms: the plan's arms: {arm: {"family", "overrides": [[key, value], ...], ...}}.
+    metric: the accuracy compared (final median over seeds).
+    lr_key: the override that holds an arm's learning rate.
+  Returns:
+    {family: {"lrs": the learning rates with finished runs (ascending), "final_by_lr": the final
+    median of each, "best_lr", "best_arm" (highest final median), "bracketed": whether a finished
+    lower and a finished higher rate both end below the best, "final_pass1": the best arm's final
+    quantiles over seeds (median, q25, q75, n), "vs_baseline": its paired final difference with its
+    baseline arm (mean, bootstrap ci95, n; None without one)}}; arms without a family or without
+    a learning-rate override are left out.
+  """
+  by_family: dict[str, list[tuple[float, str]]] = {}
+  for arm, spec in plan_arms.items():
+    lr = dict((k, v) for k, v in spec.get("overrides", [])).get(lr_key)
+    if arm in arms and spec.get("family") and lr is not None:
+      by_family.setdefault(spec["family"], []).append((float(lr), arm))
+  out = {}
+  for family, members in by_family.items():
+    members.sort()
+    finals = [_num(arms[a]["final"][metric]["median"]) for _, a in members]
+    scored = [(f, lr, a) for (lr, a), f in zip(members, finals) if f is not None]
+    if not scored:
+      continue
+    best, best_lr, best_arm = max(scored, key=lambda x: x[0])
+    lower = [f for f, lr, _ in scored if lr < best_lr]
+    higher = [f for f, lr, _ in scored if lr > best_lr]
+    vs = arms[best_arm].get("vs_baseline")
+    out[family] = {
+        "lrs": [lr for lr, _ in members], "final_by_lr": [json_number(f) for f in finals],
+        "best_lr": best_lr, "best_arm": best_arm,
+        "bracketed": bool(lower and higher and max(lower) < best and max(higher) < best),
+        "final_pass1": {q: arms[best_arm]["final"][metric][q]
+                        for q in ("median", "q25", "q75", "n")},
+        "vs_baseline": ({"baseline": vs["baseline"], **vs["final"][metric]} if vs else None)}
+  return out
