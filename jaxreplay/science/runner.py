@@ -29,6 +29,7 @@ import concurrent.futures
 import ctypes
 import dataclasses
 import fcntl
+import fnmatch
 import functools
 import hashlib
 import json
@@ -473,6 +474,9 @@ def main(argv: Optional[Sequence[str]] = None, runner: Optional[Runner] = None) 
                       help="compute budget of every run [device-seconds] (default: the base "
                       "config's compute_budget, else the sweep's budget in on-policy updates)")
   parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
+  parser.add_argument("--arms", default="",
+                      help="comma-separated arm names or globs (e.g. 'adaptive_*,replay_lr3x'): "
+                      "run only these arms' seeds; results.json still reports every finished run")
   parser.add_argument("--dry_run", action="store_true", help="print the run commands and exit")
   parser.add_argument("--report_only", action="store_true",
                       help="launch nothing: rebuild results.json and figures from finished runs")
@@ -490,7 +494,15 @@ def main(argv: Optional[Sequence[str]] = None, runner: Optional[Runner] = None) 
                        + ([f"--config={config}"] if config else [])
                        + ([f"--budget={args.budget:g}"] if args.budget is not None else []))
     plans.append((plan, command))
-  specs = [s for p, _ in plans for s in p["specs"]]
+  arm_patterns = [a for a in args.arms.split(",") if a]
+  if arm_patterns:
+    known = {a for p, _ in plans for a in p["arms"]}
+    unmatched = [a for a in arm_patterns if not fnmatch.filter(known, a)]
+    if unmatched:
+      raise SystemExit(f"--arms: {', '.join(unmatched)} match no arm of {args.sweep} "
+                       f"(arms: {', '.join(sorted(known))})")
+  specs = [s for p, _ in plans for s in p["specs"]
+           if not arm_patterns or any(fnmatch.fnmatch(s.arm, a) for a in arm_patterns)]
   if args.dry_run:
     for s in specs:
       print(shlex.join(s.command(os.path.join(out, s.rel_dir))))
@@ -502,13 +514,15 @@ def main(argv: Optional[Sequence[str]] = None, runner: Optional[Runner] = None) 
     except BlockingIOError:
       print(f"another `jaxreplay.experiments` command is running in {out}: wait for it")
       return 2
-    return _run(out, plans, runner or subprocess_runner(out), args.parallel, args.report_only)
+    return _run(out, plans, runner or subprocess_runner(out), args.parallel, args.report_only,
+                specs)
 
 
 def _run(out: str, plans: list[tuple[dict[str, Any], str]], runner: Runner, parallel: int,
-         report_only: bool) -> int:
-  """Checks, saves the plans, runs what is left, writes results.json and the figures."""
-  specs = [s for p, _ in plans for s in p["specs"]]
+         report_only: bool, selected: Optional[list] = None) -> int:
+  """Checks, saves the plans, runs what is left (of `selected`, default every planned run),
+  writes results.json and the figures."""
+  specs = [s for p, _ in plans for s in p["specs"]] if selected is None else selected
   for s in specs:  # before any plan is written: a mismatch leaves DIR as it was
     _check_spec(out, s)
   for plan, command in plans:

@@ -257,15 +257,36 @@ def _pareto() -> Sweep:
   the same rate; the summary reads each family's best rate and whether the grid brackets it."""
   families = (("onpolicy", ON_POLICY), ("replay", ()),
               ("posbias", (("buffer.positive_fraction", 0.5),)),
-              ("adaptive", (("buffer.reuse_control", "adaptive"),)))
+              ("adaptive", (("buffer.reuse_control", "adaptive"),)),
+              # the off-policy screen's one candidate (issue 27: +0.024 pass@1 over replay)
+              ("maxuses2", (("buffer.max_uses", 2),)))
   arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
                for f in PARETO_LR_FACTORS)
-  return Sweep("pareto", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5) and "
-               "the adaptive reuse controller, each over a learning-rate grid that brackets its "
+  return Sweep("pareto", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5), "
+               "the adaptive reuse controller and max_uses 2, each over a learning-rate grid that brackets its "
                "best rate, in the update-limited regime (B = 512 at or above the gradient noise "
                "scale); equal compute (100 on-policy updates).", arms,
                baseline=f"onpolicy_lr{_fmt(PARETO_LR_FACTORS[0])}x", min_seeds=4,
                config=LARGE_BATCH_CONFIG, figure="pareto")
+
+
+STABILITY_LR_FACTORS = (1.0, 2.0, 3.0)
+
+
+def _stability() -> Sweep:
+  """Issue 26 item 3 (the paper's Fig. 9 / Section 5.2): the B = 32 default at the highest constant
+  rate on-policy survives (1x: lr_sweep) and above it (2x, 3x: on-policy peaks and declines within
+  the standard budget), replay and the adaptive controller at the same rates. The 1x and 3x
+  on-policy / replay runs are those of fig1 and lr_sweep (identical configs run once)."""
+  families = (("onpolicy", ON_POLICY), ("replay", ()),
+              ("adaptive", (("buffer.reuse_control", "adaptive"),)))
+  arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
+               for f in STABILITY_LR_FACTORS)
+  return Sweep("stability", "Issue 26 item 3: on-policy at the highest rate that does not collapse "
+               "(1x) and above (2x, 3x: peaks and declines), replay and the adaptive controller at "
+               "the same rates: does replay survive where on-policy collapses (the paper's Fig. 9)?",
+               arms, baseline="onpolicy_lr1x", min_seeds=3, figure="final_peak",
+               figure_x="lr_factor")
 
 
 def _offpolicy_screen() -> Sweep:
@@ -309,6 +330,7 @@ def _sweeps() -> dict[str, Sweep]:
       _lr_sweep(),
       _sync_grid(),
       _pareto(),
+      _stability(),
       _offpolicy_screen(),
   ]
   return {s.name: s for s in sweeps}
