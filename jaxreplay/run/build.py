@@ -290,7 +290,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   sim_state = schedulers.SimState()
   mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
-  follower = c.scheduler.kind == "async" and jax.process_index() > 0
+  follower = (schedulers.schedule_class(c.scheduler.kind).leader_owns_workers
+              and jax.process_index() > 0)
   rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base)
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)

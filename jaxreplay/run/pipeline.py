@@ -44,7 +44,6 @@ from jaxreplay.models import lora as lora_lib
 from jaxreplay.infra import safety
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
-from jaxreplay.infra import step_channel
 from jaxreplay.learner import trainer
 from jaxreplay.rollout.base import Weights
 
@@ -66,6 +65,7 @@ class Pipeline:
     self.parts, self.config = parts, parts.config
     self.stop = stop  # a SIGTERM / SIGINT ends the run after the current step
     self.scheduler = None  # set by `run`: its state (in-flight requests) goes into checkpoints
+    self.schedule = schedulers.schedule_class(parts.config.scheduler.kind)  # what it is
     self.guard = safety.NonFiniteGuard(parts.config.trainer.max_nonfinite_skips)
     self.intake = parts.intake
     self.state = parts.state
@@ -88,9 +88,6 @@ class Pipeline:
 
   # ---- schedulers.Hooks -------------------------------------------------------------------------
 
-  def steps_done(self) -> int:
-    return self.step
-
   def done(self) -> bool:
     return self.finished or self.stopped
 
@@ -108,7 +105,7 @@ class Pipeline:
     probe = self.parts.metrics.mismatch
     # Under the simulated schedule generation and training interleave on this thread, so fresh
     # groups are compared at once; the async schedule compares fresh rows of a batch instead.
-    if (self.config.scheduler.kind in ("simulated", "sync") and groups
+    if (self.schedule.mismatch_at_generation and groups
         and groups[0].policy_version == self.step and probe.due(self.step)):
       probe.check_groups(self.state.params, groups)
 
@@ -143,7 +140,7 @@ class Pipeline:
                                 c.trainer.num_microbatches,
                                 same_bucket=c.trainer.aggregation == "constant")
     t2 = time.perf_counter()
-    if c.scheduler.kind == "async" and p.metrics.mismatch.due(self.step):
+    if not self.schedule.mismatch_at_generation and p.metrics.mismatch.due(self.step):
       fresh = batch.policy_version == self.step  # [B], or [B, T] when packed
       if fresh.any():
         p.metrics.mismatch.check_batch(self.state.params, batch, fresh)
@@ -423,32 +420,9 @@ class Pipeline:
 
 def make_scheduler(parts: build_lib.Parts):
   """The config's schedule: `SimulatedScheduler`, `SyncScheduler` or `AsyncScheduler` (which owns
-  the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`)."""
-  c = parts.config
-  if c.scheduler.kind == "async":
-    channel = None
-    if jax.process_count() > 1:  # process 0 owns the buffer and the workers; the others follow
-      channel = step_channel.StepChannel(jax.process_index(), jax.process_count())
-      if not channel.is_leader:
-        logging.info("trainer process %d follows trainer process 0, which owns the replay buffer "
-                     "and the rollout workers", jax.process_index())
-        return schedulers.FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
-    ray = c.rollout.get("placement", "local") == "ray"  # Ray's restarts cap the pool's too
-    scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                          requests_per_call=parts.rollouts.requests_per_call,
-                                          channel=channel,
-                                          max_restarts=c.rollout.ray_max_restarts if ray else 5)
-    parts.metrics.pool_metrics = scheduler.pool_metrics
-    return scheduler
-  cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
-                                   parts.sim_state)
-  common = dict(cost=cost, train_device_seconds=c.scheduler.train_seconds_per_step,
-                state=parts.sim_state)
-  if c.scheduler.kind == "sync":
-    return schedulers.SyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                    c.trainer.num_devices, c.scheduler.rollouts_per_step, **common)
-  return schedulers.SimulatedScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                       c.trainer.num_devices, **common)
+  the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`),
+  built by its class (`schedules.schedule_class(kind).from_parts`)."""
+  return schedulers.schedule_class(parts.config.scheduler.kind).from_parts(parts)
 
 
 def write_run_config(config, workdir: str) -> None:
