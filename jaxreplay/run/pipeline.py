@@ -37,6 +37,7 @@ from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import evaluation
+from jaxreplay.run import eval_grid as eval_grid_lib
 from jaxreplay.infra import compilation_cache
 from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
@@ -75,11 +76,7 @@ class Pipeline:
     self.eval_calls = 0  # generate calls of evaluations on the engines (eval.backend="engines")
     self.finished = self.step >= parts.config.total_steps
     self.stopped = False  # a stop signal, honoured at a step's end (agreed by all processes)
-    self._compute_at_step_end = 0.0  # the compute axis when the last step ended
-    self._grid = sorted(float(x) for x in parts.config.eval.compute_grid)
-    self._grid_next = 0  # index of the next compute-grid point to evaluate at
-    self._passk_grid = {float(x) for x in parts.config.eval.passk_grid}
-    self._passk_due = True  # whether the next evaluation draws the pass@k samples
+    self.eval_grid = eval_grid_lib.EvalGrid.from_config(parts.config.eval)  # when to evaluate
     self._eval_decision = (-1, False)  # (step, whether it is evaluated), from `_end_of_step`
     self._sample_seconds = 0.0  # the last `sample_rollouts` call's
     c = self.config
@@ -178,16 +175,17 @@ class Pipeline:
     processes they agree (one allgather): all stop after the same step if any got a signal, and
     process 0 decides the end and the evaluations (under the async schedule only it accounts the
     generation compute they depend on)."""
-    self._compute_at_step_end = self.parts.metrics.compute_seconds()
-    self._decide_finished(self._compute_at_step_end)
+    grid = self.eval_grid
+    grid.compute_at_step_end = self.parts.metrics.compute_seconds()
+    self._decide_finished(grid.compute_at_step_end)
     eval_due = self._eval_due(self.step)
     stop = self.stop_requested()
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       flags = np.asarray(multihost_utils.process_allgather(
-          np.array([stop, self.finished, eval_due, self._passk_due], np.int32))).reshape(-1, 4)
+          np.array([stop, self.finished, eval_due, grid.passk_due], np.int32))).reshape(-1, 4)
       stop = bool(flags[:, 0].any())
-      self.finished, eval_due, self._passk_due = (bool(x) for x in flags[0, 1:])
+      self.finished, eval_due, grid.passk_due = (bool(x) for x in flags[0, 1:])
     self.stopped = stop and not self.finished
     self._eval_decision = (self.step, eval_due)
 
@@ -204,18 +202,7 @@ class Pipeline:
     return None
 
   def _eval_due(self, step: int) -> bool:
-    c = self.config
-    self._passk_due = True
-    if self.finished:
-      return True
-    if self._grid:
-      compute, crossed = self.parts.metrics.compute_seconds(), []
-      while self._grid_next < len(self._grid) and self._grid[self._grid_next] <= compute:
-        crossed.append(self._grid[self._grid_next])
-        self._grid_next += 1
-      self._passk_due = not self._passk_grid or any(x in self._passk_grid for x in crossed)
-      return bool(crossed)
-    return bool(c.eval.every) and step % c.eval.every == 0
+    return self.eval_grid.due(step, self.finished, self.parts.metrics.compute_seconds)
 
   def finish_step(self, result: StepResult, now: float) -> None:
     del now
@@ -249,7 +236,7 @@ class Pipeline:
     """Evaluates the current params on the held-out problems (`evaluation.evaluate`), on the
     trainer's JAX sampler or on the rollout engines (config.eval.backend)."""
     p, c = self.parts, self.config
-    n_samples = c.eval.n_samples if self._passk_due else 0  # eval.passk_grid: pass@1 only
+    n_samples = c.eval.n_samples if self.eval_grid.passk_due else 0  # eval.passk_grid: pass@1 only
     problems = p.eval_problems
     if not n_samples and c.eval.get("pass1_problems", 0):  # pass@1-only points: a subset
       problems = problems[:int(c.eval.pass1_problems)]
@@ -312,8 +299,7 @@ class Pipeline:
             "regime": p.regime.state_dict() if p.regime is not None else None,
             "reuse": p.reuse.state_dict() if p.reuse is not None else None,
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
-            "eval_grid": {"next": self._grid_next,
-                          "compute_at_step_end": self._compute_at_step_end}}
+            "eval_grid": self.eval_grid.state_dict()}
     if hasattr(self.scheduler, "state_dict"):
       host["scheduler"] = self.scheduler.state_dict()
     if p.lora is not None:  # the base the adapters belong to: path and content hash (not the base)
@@ -376,8 +362,7 @@ class Pipeline:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])
     if "eval_grid" in host:
-      self._grid_next = int(host["eval_grid"]["next"])
-      self._compute_at_step_end = float(host["eval_grid"]["compute_at_step_end"])
+      self.eval_grid.load_state_dict(host["eval_grid"])
 
   def resume(self) -> None:
     """Restores the host state of a resumed run and decides whether it has finished already."""
@@ -388,10 +373,10 @@ class Pipeline:
     if c.scheduler.reference_tokens > 0:
       p.sim_state.reference_tokens = float(c.scheduler.reference_tokens)
     if p.resumed_host is not None and "eval_grid" in p.resumed_host:
-      compute = self._compute_at_step_end  # saved: the async schedule's compute moves on after it
+      compute = self.eval_grid.compute_at_step_end  # saved: async compute moves on after it
     else:  # a fresh run, or a checkpoint from before the eval_grid key
       compute = p.metrics.compute_seconds()
-      self._grid_next = sum(1 for x in self._grid if x <= compute)  # the evaluated ones
+      self.eval_grid.skip_evaluated(compute)  # the evaluated ones
     if self.step > 0:
       self._decide_finished(compute)
 
@@ -400,8 +385,7 @@ class Pipeline:
     p, c = self.parts, self.config
     self.publish()
     if self.step == 0:
-      self._passk_due = not self._passk_grid or 0.0 in self._passk_grid
-      evaluate = c.eval.every or self._grid
+      evaluate = self.eval_grid.start()
       self.last_eval = p.metrics.first_row(self.evaluate() if evaluate else {})
       p.writer.write(0, self.last_eval)
 
