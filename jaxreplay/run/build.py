@@ -155,39 +155,91 @@ def trainer_mesh(c):
 
 
 @dataclasses.dataclass
-class Parts:
-  """Everything a run holds, built once by `build`. `state` is the initial (or restored) train
-  state: the pipeline owns it from then on (the first step donates its buffers)."""
-  config: Any
-  workdir: str
-  task: Any
-  codec: Any
-  tokenizer_dir: Optional[str]
+class LearnerParts:
+  """The trainer's side: the policy's architecture, its mesh, the train state and the jitted
+  functions over it. `state` is the initial (or restored) train state: the pipeline owns it from
+  then on (the first step donates its buffers)."""
   model_cfg: models.ModelConfig
   mesh: Any
   state: Any
   train_step: Callable
   logprob_fn: Callable
+  lora: Optional[adapters.FrozenBase] = None  # LoRA (model.lora_rank > 0): state.params are adapters
+
+
+@dataclasses.dataclass
+class DataParts:
+  """The data plane: the task and its tokenizer, the replay buffer and the request intake that
+  fills it, the reuse controller that paces it, the collate buckets and the held-out problems."""
+  task: Any
+  codec: Any
+  tokenizer_dir: Optional[str]
   buffer: buffer_lib.ReplayBuffer
   intake: Intake
+  buckets: tuple
+  eval_problems: list
+  reuse: Optional[Any] = None   # run.reuse.ReuseController
+
+
+@dataclasses.dataclass
+class GenerationParts:
+  """Where rollouts come from: the rollout backend (workers, weight publishing), the trainer's
+  eval sampler, and the simulated clock with its per-rollout cost."""
   rollouts: RolloutBackend
-  accountant: accounting.ComputeAccountant
+  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
   sim_state: schedulers.SimState
+  gen_seconds_per_rollout: float
+
+
+@dataclasses.dataclass
+class TelemetryParts:
+  """What the run measures and writes: compute accounting, the metrics rows, their writer, the
+  regime diagnostics."""
+  accountant: accounting.ComputeAccountant
   metrics: run_metrics.RunMetrics
   writer: metrics_lib.MetricsWriter
+  regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
+
+
+# Each group's fields, readable (and assignable) on `Parts` by their flat names: `parts.buffer` is
+# `parts.data.buffer`.
+_GROUPS = {"learner": LearnerParts, "data": DataParts, "generation": GenerationParts,
+           "telemetry": TelemetryParts}
+_FLAT = {f.name: group for group, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass
+class Parts:
+  """Everything a run holds, built once by `build`, in groups: `learner`, `data`, `generation`,
+  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. Every
+  group's field is also an attribute of its own name (`parts.state`, `parts.buffer`, ...)."""
+  config: Any
+  workdir: str
+  learner: LearnerParts
+  data: DataParts
+  generation: GenerationParts
+  telemetry: TelemetryParts
   checkpointer: checkpoint_lib.Checkpointer
   resumed_host: Optional[dict]
-  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
-  eval_problems: list
-  buckets: tuple
-  gen_seconds_per_rollout: float
-  regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
-  reuse: Optional[Any] = None   # run.reuse.ReuseController
-  lora: Optional[adapters.FrozenBase] = None  # LoRA (model.lora_rank > 0): state.params are adapters
 
   def model_params(self, params):
     """The policy's params of train-state params `params` (with LoRA: the base with them attached)."""
     return params if self.lora is None else self.lora.model_params(params)
+
+
+def _flat_property(group: str, name: str) -> property:
+  def get(self):
+    return getattr(getattr(self, group), name)
+
+  def set_(self, value):
+    setattr(getattr(self, group), name, value)
+
+  return property(get, set_, doc=f"`{group}.{name}`")
+
+
+for _name, _group in _FLAT.items():
+  setattr(Parts, _name, _flat_property(_group, _name))
+del _name, _group
 
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
@@ -303,14 +355,17 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
                              c.buffer.batch_size)
   return Parts(
-      config=c, workdir=workdir, task=task, codec=codec, tokenizer_dir=tok_dir, model_cfg=model_cfg, mesh=mesh,
-      state=state, train_step=train_step, logprob_fn=logprob_fn, buffer=buf, intake=intake,
-      rollouts=rollouts, accountant=accountant, sim_state=sim_state,
-      metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
-      writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
-      eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
-      gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics,
-      reuse=reuse_controller, lora=base)
+      config=c, workdir=workdir,
+      learner=LearnerParts(model_cfg=model_cfg, mesh=mesh, state=state, train_step=train_step,
+                           logprob_fn=logprob_fn, lora=base),
+      data=DataParts(task=task, codec=codec, tokenizer_dir=tok_dir, buffer=buf, intake=intake,
+                     buckets=buckets, eval_problems=eval_problems, reuse=reuse_controller),
+      generation=GenerationParts(rollouts=rollouts, eval_sampler=eval_sampler, sim_state=sim_state,
+                                 gen_seconds_per_rollout=gen_seconds_per_rollout),
+      telemetry=TelemetryParts(
+          accountant=accountant, writer=writer, regime=regime_diagnostics,
+          metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch)),
+      checkpointer=checkpointer, resumed_host=resumed_host)
 
 
 def lora_state(c, model_cfg, spec, optimizer, mesh, params):
