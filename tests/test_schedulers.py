@@ -289,3 +289,41 @@ def test_async_jobs_before_run_start_the_pool_that_run_then_uses():
   sched.run(hooks)
   assert sched.pool is pool and hooks.step == 3 and pool.stopping
   sched.close()
+
+
+def test_schedules_answer_what_they_are():
+  """Callers ask the schedule's class (by config.scheduler.kind), never the kind string."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run.schedules import FollowerScheduler  # pylint: disable=g-import-not-at-top
+  assert set(schedules.SCHEDULES) == {"simulated", "sync", "async"}
+  from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
+  assert set(schedules.SCHEDULES) == set(validation.SCHEDULES)
+  sim, sync, asyn = (schedules.schedule_class(k) for k in ("simulated", "sync", "async"))
+  assert (sim, sync, asyn) == (SimulatedScheduler, SyncScheduler, AsyncScheduler)
+  assert sim.virtual_time and sync.virtual_time and not asyn.virtual_time
+  assert sim.mismatch_at_generation and sync.mismatch_at_generation
+  assert not asyn.mismatch_at_generation
+  assert asyn.leader_owns_workers and FollowerScheduler.leader_owns_workers
+  assert not sim.leader_owns_workers and not sync.leader_owns_workers
+  c = ml_collections.ConfigDict({
+      "rollout": {"num_workers": 5}, "trainer": {"num_devices": 3},
+      "buffer": {"on_policy": False, "batch_size": 60, "reuse_control": "off"},
+      "scheduler": {"mu": 5.28, "rollouts_per_step": 60}})
+  assert asyn.num_actors(c) == 5 and sim.num_actors(c) == 1 and sync.num_actors(c) == 1
+  assert asyn.gamma(c, SimState()) is None
+  assert sim.gamma(c, SimState()) == pytest.approx(0.4246, abs=1e-4)  # (1 + 5/3) / (1 + 5.28)
+  assert sync.gamma(c, SimState()) == pytest.approx(1.0)  # N = B = R
+  c.buffer.on_policy = True
+  assert sim.gamma(c, SimState()) == 1.0
+  with pytest.raises(ValueError, match="expected one of"):
+    schedules.schedule_class("nope")
+
+
+def test_old_schedule_import_paths_keep_working():
+  import jaxreplay.schedulers as old  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top
+  for name in ("AsyncScheduler", "FollowerScheduler", "GenerationCost", "Hooks", "LeaderStopped",
+               "LocalWorker", "SimState", "SimulatedScheduler", "SyncScheduler", "decode_group",
+               "encode_group", "MakeWorker", "Job"):
+    assert getattr(old, name) is getattr(schedules, name)

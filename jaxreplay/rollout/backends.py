@@ -315,7 +315,8 @@ class RolloutBackend:
         dtype=self.settings["dtype"] if self.backend == "vllm" else "float32",
         engine_kwargs=engine_kwargs, env=env, config_files=config_files)
     # The async schedule drives W actors; the simulated and sync ones a single local worker.
-    num_actors = int(r.num_workers) if c.scheduler.kind == "async" else 1
+    from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top  (the run layer)
+    num_actors = schedules.schedule_class(c.scheduler.kind).num_actors(c)
     return ray_group.RayRolloutGroup(
         spec, num_actors, address=str(r.ray_address),
         num_cpus_per_worker=float(r.ray_num_cpus_per_worker),

@@ -24,6 +24,11 @@ def gamma(num_workers: float, num_trainer_devices: float, mu: float) -> float:
   return (1.0 + num_workers / num_trainer_devices) / (1.0 + mu)
 
 
+def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
+  """(B + mu R) / ((1 + mu) B): a sync step's compute over that of the on-policy N = B = R one."""
+  return (batch_size + mu * rollouts_per_step) / ((1.0 + mu) * batch_size)
+
+
 class ComputeAccountant:
   """Accumulates measured generation and training cost; thread-safe (workers report from threads).
 

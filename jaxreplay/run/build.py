@@ -155,63 +155,97 @@ def trainer_mesh(c):
 
 
 @dataclasses.dataclass
-class Parts:
-  """Everything a run holds, built once by `build`. `state` is the initial (or restored) train
-  state: the pipeline owns it from then on (the first step donates its buffers)."""
-  config: Any
-  workdir: str
-  task: Any
-  codec: Any
-  tokenizer_dir: Optional[str]
+class LearnerParts:
+  """The trainer's side: the policy's architecture, its mesh, the train state and the jitted
+  functions over it. `state` is the initial (or restored) train state: the pipeline owns it from
+  then on (the first step donates its buffers)."""
   model_cfg: models.ModelConfig
   mesh: Any
   state: Any
   train_step: Callable
   logprob_fn: Callable
+  lora: Optional[adapters.FrozenBase] = None  # LoRA (model.lora_rank > 0): state.params are adapters
+
+
+@dataclasses.dataclass
+class DataParts:
+  """The data plane: the task and its tokenizer, the replay buffer and the request intake that
+  fills it, the reuse controller that paces it, the collate buckets and the held-out problems."""
+  task: Any
+  codec: Any
+  tokenizer_dir: Optional[str]
   buffer: buffer_lib.ReplayBuffer
   intake: Intake
+  buckets: tuple
+  eval_problems: list
+  reuse: Optional[Any] = None   # run.reuse.ReuseController
+
+
+@dataclasses.dataclass
+class GenerationParts:
+  """Where rollouts come from: the rollout backend (workers, weight publishing), the trainer's
+  eval sampler, and the simulated clock with its per-rollout cost."""
   rollouts: RolloutBackend
-  accountant: accounting.ComputeAccountant
+  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
   sim_state: schedulers.SimState
+  gen_seconds_per_rollout: float
+
+
+@dataclasses.dataclass
+class TelemetryParts:
+  """What the run measures and writes: compute accounting, the metrics rows, their writer, the
+  regime diagnostics."""
+  accountant: accounting.ComputeAccountant
   metrics: run_metrics.RunMetrics
   writer: metrics_lib.MetricsWriter
+  regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
+
+
+# Each group's fields, readable (and assignable) on `Parts` by their flat names: `parts.buffer` is
+# `parts.data.buffer`.
+_GROUPS = {"learner": LearnerParts, "data": DataParts, "generation": GenerationParts,
+           "telemetry": TelemetryParts}
+_FLAT = {f.name: group for group, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass
+class Parts:
+  """Everything a run holds, built once by `build`, in groups: `learner`, `data`, `generation`,
+  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. Every
+  group's field is also an attribute of its own name (`parts.state`, `parts.buffer`, ...)."""
+  config: Any
+  workdir: str
+  learner: LearnerParts
+  data: DataParts
+  generation: GenerationParts
+  telemetry: TelemetryParts
   checkpointer: checkpoint_lib.Checkpointer
   resumed_host: Optional[dict]
-  eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
-  eval_problems: list
-  buckets: tuple
-  gen_seconds_per_rollout: float
-  regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
-  reuse: Optional[Any] = None   # run.reuse.ReuseController
-  lora: Optional[adapters.FrozenBase] = None  # LoRA (model.lora_rank > 0): state.params are adapters
 
   def model_params(self, params):
     """The policy's params of train-state params `params` (with LoRA: the base with them attached)."""
     return params if self.lora is None else self.lora.model_params(params)
 
 
-def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
-  """Builds every part of the run in `workdir` (see the module docstring) from a config that
-  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this)."""
-  resolve_backend(c)
-  resolve_eval_backend(c)
-  if c.rollout.backend == "vllm":
-    check_vllm_available()
-  task = make_task(c)
-  stack.callback(task.close)
-  codec, tok_dir = load_codec(c, task, workdir)
-  model_cfg = model_config(c, codec)
-  # Every prompt, not a sample: an over-long row would crash the run when drawn (and every resume).
-  prompt_check.check_task_prompts(task, codec, prompt_check.Context(c.model.max_len,
-                                                                    c.rollout.max_tokens),
-                                  c.task.max_skip_fraction, seed=c.seed)
-  eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
-  buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
+def _flat_property(group: str, name: str) -> property:
+  def get(self):
+    return getattr(getattr(self, group), name)
 
-  mesh = trainer_mesh(c)
-  errors = memory_plan.batch_rule_errors(c, mesh)
-  if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  def set_(self, value):
+    setattr(getattr(self, group), name, value)
+
+  return property(get, set_, doc=f"`{group}.{name}`")
+
+
+for _name, _group in _FLAT.items():
+  setattr(Parts, _name, _flat_property(_group, _name))
+del _name, _group
+
+
+def make_learner(c, model_cfg: models.ModelConfig, mesh) -> tuple[LearnerParts, Any, Any]:
+  """The trainer's parts on `mesh`: the initial train state (model.path's params, a preset's init,
+  or LoRA adapters over a frozen base), the jitted train step and log-prob function. Returns
+  (learner, loss function, the train state's shardings)."""
   shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
   storage = sharding.storage_shapes(shapes, mesh)  # padded where the mesh does not divide
   padded = sharding.padded_leaves(shapes, mesh)
@@ -240,28 +274,14 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                        lora=base, **trainer.step_options(t))
   logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk,
                                        logprob_processing=trainer.logprob_processing(c), lora=base)
-  regime_diagnostics = regime.RegimeDiagnostics(
-      model_cfg, loss_fn, mesh, state_sh.params, every=c.log.diagnostics_every,
-      splits=c.log.diagnostics_splits, probe_rollouts=c.log.diagnostics_probe,
-      decay=c.log.noise_scale_decay, chunk_size=t.logprob_chunk,
-      logprob_remat=trainer.step_options(t)["logprob_remat"],
-      logprob_processing=trainer.logprob_processing(c), lora=base,
-      collate=lambda rollouts: collate_lib.collate(rollouts, buckets=buckets,
-                                                   pad_id=codec.pad_id))
+  return (LearnerParts(model_cfg=model_cfg, mesh=mesh, state=state, train_step=train_step,
+                       logprob_fn=logprob_fn, lora=base), loss_fn, state_sh)
 
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                             max_to_keep=c.checkpoint.keep)
-  stack.callback(checkpointer.close)
-  resumed_host = None
-  resumed = checkpointer.restore_latest_valid(abstract_state=state)  # skips damaged steps
-  if resumed is not None:
-    resumed_step, state, resumed_host, skipped = resumed
-    logging.info("restored checkpoint step %d%s", resumed_step, f" (skipped damaged steps "
-                 f"{', '.join(str(s) for s, _ in skipped)})" if skipped else "")
-    if base is not None:  # the adapters only make sense on the base they were trained on
-      adapters.check_resume(resumed_host.get("lora"), base, workdir)
-  step = int(jax.device_get(state.step))
 
+def make_intake(c, task, codec, loss_fn):
+  """The data plane: the replay buffer (config.buffer), the reuse controller that paces it and
+  the request intake that fills it. Returns (buffer, intake, reuse controller)."""
+  t = c.trainer
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
                                 consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order,
@@ -279,6 +299,57 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                   make_advantage_fn(t.loss, options=loss_fn.options), sampling,
                   c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy,
                   gate=gate)
+  return buf, intake, reuse_controller
+
+
+def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
+  """Builds every part of the run in `workdir` (see the module docstring) from a config that
+  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this)."""
+  resolve_backend(c)
+  resolve_eval_backend(c)
+  if c.rollout.backend == "vllm":
+    check_vllm_available()
+  task = make_task(c)
+  stack.callback(task.close)
+  codec, tok_dir = load_codec(c, task, workdir)
+  model_cfg = model_config(c, codec)
+  # Every prompt, not a sample: an over-long row would crash the run when drawn (and every resume).
+  prompt_check.check_task_prompts(task, codec, prompt_check.Context(c.model.max_len,
+                                                                    c.rollout.max_tokens),
+                                  c.task.max_skip_fraction, seed=c.seed)
+  eval_problems = task.eval_set(c.eval.num_problems) if c.eval.num_problems else []
+  buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
+
+  mesh = trainer_mesh(c)
+  errors = memory_plan.batch_rule_errors(c, mesh)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  learner, loss_fn, state_sh = make_learner(c, model_cfg, mesh)
+  t, base, state = c.trainer, learner.lora, learner.state
+  regime_diagnostics = regime.RegimeDiagnostics(
+      model_cfg, loss_fn, mesh, state_sh.params, every=c.log.diagnostics_every,
+      splits=c.log.diagnostics_splits, probe_rollouts=c.log.diagnostics_probe,
+      decay=c.log.noise_scale_decay, chunk_size=t.logprob_chunk,
+      logprob_remat=trainer.step_options(t)["logprob_remat"],
+      logprob_processing=trainer.logprob_processing(c), lora=base,
+      collate=lambda rollouts: collate_lib.collate(rollouts, buckets=buckets,
+                                                   pad_id=codec.pad_id))
+
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                             max_to_keep=c.checkpoint.keep)
+  stack.callback(checkpointer.close)
+  resumed_host = None
+  resumed = checkpointer.restore_latest_valid(abstract_state=state)  # skips damaged steps
+  if resumed is not None:
+    resumed_step, state, resumed_host, skipped = resumed
+    learner.state = state
+    logging.info("restored checkpoint step %d%s", resumed_step, f" (skipped damaged steps "
+                 f"{', '.join(str(s) for s, _ in skipped)})" if skipped else "")
+    if base is not None:  # the adapters only make sense on the base they were trained on
+      adapters.check_resume(resumed_host.get("lora"), base, workdir)
+  step = int(jax.device_get(state.step))
+
+  buf, intake, reuse_controller = make_intake(c, task, codec, loss_fn)
   accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
@@ -288,9 +359,10 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
   sim_state = schedulers.SimState()
-  mismatch = run_metrics.MismatchProbe(logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
+  mismatch = run_metrics.MismatchProbe(learner.logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
-  follower = c.scheduler.kind == "async" and jax.process_index() > 0
+  follower = (schedulers.schedule_class(c.scheduler.kind).leader_owns_workers
+              and jax.process_index() > 0)
   rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base)
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
@@ -302,14 +374,16 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   gen_seconds_per_rollout = (c.scheduler.mu * c.scheduler.train_seconds_per_step /
                              c.buffer.batch_size)
   return Parts(
-      config=c, workdir=workdir, task=task, codec=codec, tokenizer_dir=tok_dir, model_cfg=model_cfg, mesh=mesh,
-      state=state, train_step=train_step, logprob_fn=logprob_fn, buffer=buf, intake=intake,
-      rollouts=rollouts, accountant=accountant, sim_state=sim_state,
-      metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch),
-      writer=writer, checkpointer=checkpointer, resumed_host=resumed_host,
-      eval_sampler=eval_sampler, eval_problems=eval_problems, buckets=buckets,
-      gen_seconds_per_rollout=gen_seconds_per_rollout, regime=regime_diagnostics,
-      reuse=reuse_controller, lora=base)
+      config=c, workdir=workdir,
+      learner=learner,
+      data=DataParts(task=task, codec=codec, tokenizer_dir=tok_dir, buffer=buf, intake=intake,
+                     buckets=buckets, eval_problems=eval_problems, reuse=reuse_controller),
+      generation=GenerationParts(rollouts=rollouts, eval_sampler=eval_sampler, sim_state=sim_state,
+                                 gen_seconds_per_rollout=gen_seconds_per_rollout),
+      telemetry=TelemetryParts(
+          accountant=accountant, writer=writer, regime=regime_diagnostics,
+          metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch)),
+      checkpointer=checkpointer, resumed_host=resumed_host)
 
 
 def lora_state(c, model_cfg, spec, optimizer, mesh, params):

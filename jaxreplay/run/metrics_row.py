@@ -85,6 +85,7 @@ from absl import logging
 import numpy as np
 
 from jaxreplay.run import accounting
+from jaxreplay.run import schedules
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.infra import sharding
 from jaxreplay.data.experience import to_rollouts
@@ -147,9 +148,7 @@ class MismatchProbe:
           self.latest["mismatch/logprob_abs_diff_max"])
 
 
-def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
-  """(B + mu R) / ((1 + mu) B): a sync step's compute over that of the on-policy N = B = R one."""
-  return (batch_size + mu * rollouts_per_step) / ((1.0 + mu) * batch_size)
+sync_gamma = accounting.sync_gamma  # (moved; the sync schedule asks accounting)
 
 
 def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
@@ -226,27 +225,17 @@ class RunMetrics:
     self.mismatch.latest = {k: float(v) for k, v in counters["mismatch"].items()}
 
   def sim(self) -> dict[str, float]:
-    """sim/* metrics under the simulated and sync schedules; {} under async."""
+    """sim/* metrics under a schedule with virtual time (simulated, sync); {} under async."""
     c = self.config
-    mu = c.scheduler.mu
-    if c.scheduler.kind == "simulated" and c.buffer.on_policy:
-      gamma = 1.0  # the baseline: each update pays its B rollouts' generation, (1 + mu) C
-    elif c.scheduler.kind == "simulated" and c.buffer.get("reuse_control", "off") != "off":
-      # Paced generation (run.reuse): the compute spent per update over the on-policy (1 + mu).
-      s = self.sim_state
-      gamma = ((s.generation_device_seconds + s.training_device_seconds)
-               / ((1.0 + mu) * s.training_device_seconds)) if s.training_device_seconds else 1.0
-    elif c.scheduler.kind == "simulated":
-      gamma = accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
-    elif c.scheduler.kind == "sync":
-      gamma = sync_gamma(c.buffer.batch_size, c.scheduler.rollouts_per_step, mu)
-    else:
+    schedule = schedules.schedule_class(c.scheduler.kind)
+    if not schedule.virtual_time:
       return {}
-    return sim_compute_metrics(self.sim_state, mu, gamma)
+    return sim_compute_metrics(self.sim_state, c.scheduler.mu,
+                               schedule.gamma(c, self.sim_state))
 
   def compute_seconds(self) -> float:
     """The run's compute axis now: virtual device-seconds (simulated, sync) or measured ones."""
-    if self.config.scheduler.kind in ("simulated", "sync"):
+    if schedules.schedule_class(self.config.scheduler.kind).virtual_time:
       s = self.sim_state
       return s.generation_device_seconds + s.training_device_seconds
     return self.accountant.metrics()["compute_seconds"]

@@ -37,6 +37,7 @@ from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import evaluation
+from jaxreplay.run import eval_grid as eval_grid_lib
 from jaxreplay.infra import compilation_cache
 from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
@@ -44,7 +45,6 @@ from jaxreplay.models import lora as lora_lib
 from jaxreplay.infra import safety
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
-from jaxreplay.infra import step_channel
 from jaxreplay.learner import trainer
 from jaxreplay.rollout.base import Weights
 
@@ -66,6 +66,7 @@ class Pipeline:
     self.parts, self.config = parts, parts.config
     self.stop = stop  # a SIGTERM / SIGINT ends the run after the current step
     self.scheduler = None  # set by `run`: its state (in-flight requests) goes into checkpoints
+    self.schedule = schedulers.schedule_class(parts.config.scheduler.kind)  # what it is
     self.guard = safety.NonFiniteGuard(parts.config.trainer.max_nonfinite_skips)
     self.intake = parts.intake
     self.state = parts.state
@@ -75,11 +76,7 @@ class Pipeline:
     self.eval_calls = 0  # generate calls of evaluations on the engines (eval.backend="engines")
     self.finished = self.step >= parts.config.total_steps
     self.stopped = False  # a stop signal, honoured at a step's end (agreed by all processes)
-    self._compute_at_step_end = 0.0  # the compute axis when the last step ended
-    self._grid = sorted(float(x) for x in parts.config.eval.compute_grid)
-    self._grid_next = 0  # index of the next compute-grid point to evaluate at
-    self._passk_grid = {float(x) for x in parts.config.eval.passk_grid}
-    self._passk_due = True  # whether the next evaluation draws the pass@k samples
+    self.eval_grid = eval_grid_lib.EvalGrid.from_config(parts.config.eval)  # when to evaluate
     self._eval_decision = (-1, False)  # (step, whether it is evaluated), from `_end_of_step`
     self._sample_seconds = 0.0  # the last `sample_rollouts` call's
     c = self.config
@@ -87,9 +84,6 @@ class Pipeline:
                                                start_step=self.step)
 
   # ---- schedulers.Hooks -------------------------------------------------------------------------
-
-  def steps_done(self) -> int:
-    return self.step
 
   def done(self) -> bool:
     return self.finished or self.stopped
@@ -108,7 +102,7 @@ class Pipeline:
     probe = self.parts.metrics.mismatch
     # Under the simulated schedule generation and training interleave on this thread, so fresh
     # groups are compared at once; the async schedule compares fresh rows of a batch instead.
-    if (self.config.scheduler.kind in ("simulated", "sync") and groups
+    if (self.schedule.mismatch_at_generation and groups
         and groups[0].policy_version == self.step and probe.due(self.step)):
       probe.check_groups(self.state.params, groups)
 
@@ -143,7 +137,7 @@ class Pipeline:
                                 c.trainer.num_microbatches,
                                 same_bucket=c.trainer.aggregation == "constant")
     t2 = time.perf_counter()
-    if c.scheduler.kind == "async" and p.metrics.mismatch.due(self.step):
+    if not self.schedule.mismatch_at_generation and p.metrics.mismatch.due(self.step):
       fresh = batch.policy_version == self.step  # [B], or [B, T] when packed
       if fresh.any():
         p.metrics.mismatch.check_batch(self.state.params, batch, fresh)
@@ -181,16 +175,17 @@ class Pipeline:
     processes they agree (one allgather): all stop after the same step if any got a signal, and
     process 0 decides the end and the evaluations (under the async schedule only it accounts the
     generation compute they depend on)."""
-    self._compute_at_step_end = self.parts.metrics.compute_seconds()
-    self._decide_finished(self._compute_at_step_end)
+    grid = self.eval_grid
+    grid.compute_at_step_end = self.parts.metrics.compute_seconds()
+    self._decide_finished(grid.compute_at_step_end)
     eval_due = self._eval_due(self.step)
     stop = self.stop_requested()
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       flags = np.asarray(multihost_utils.process_allgather(
-          np.array([stop, self.finished, eval_due, self._passk_due], np.int32))).reshape(-1, 4)
+          np.array([stop, self.finished, eval_due, grid.passk_due], np.int32))).reshape(-1, 4)
       stop = bool(flags[:, 0].any())
-      self.finished, eval_due, self._passk_due = (bool(x) for x in flags[0, 1:])
+      self.finished, eval_due, grid.passk_due = (bool(x) for x in flags[0, 1:])
     self.stopped = stop and not self.finished
     self._eval_decision = (self.step, eval_due)
 
@@ -207,18 +202,7 @@ class Pipeline:
     return None
 
   def _eval_due(self, step: int) -> bool:
-    c = self.config
-    self._passk_due = True
-    if self.finished:
-      return True
-    if self._grid:
-      compute, crossed = self.parts.metrics.compute_seconds(), []
-      while self._grid_next < len(self._grid) and self._grid[self._grid_next] <= compute:
-        crossed.append(self._grid[self._grid_next])
-        self._grid_next += 1
-      self._passk_due = not self._passk_grid or any(x in self._passk_grid for x in crossed)
-      return bool(crossed)
-    return bool(c.eval.every) and step % c.eval.every == 0
+    return self.eval_grid.due(step, self.finished, self.parts.metrics.compute_seconds)
 
   def finish_step(self, result: StepResult, now: float) -> None:
     del now
@@ -252,7 +236,7 @@ class Pipeline:
     """Evaluates the current params on the held-out problems (`evaluation.evaluate`), on the
     trainer's JAX sampler or on the rollout engines (config.eval.backend)."""
     p, c = self.parts, self.config
-    n_samples = c.eval.n_samples if self._passk_due else 0  # eval.passk_grid: pass@1 only
+    n_samples = c.eval.n_samples if self.eval_grid.passk_due else 0  # eval.passk_grid: pass@1 only
     problems = p.eval_problems
     if not n_samples and c.eval.get("pass1_problems", 0):  # pass@1-only points: a subset
       problems = problems[:int(c.eval.pass1_problems)]
@@ -315,8 +299,7 @@ class Pipeline:
             "regime": p.regime.state_dict() if p.regime is not None else None,
             "reuse": p.reuse.state_dict() if p.reuse is not None else None,
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
-            "eval_grid": {"next": self._grid_next,
-                          "compute_at_step_end": self._compute_at_step_end}}
+            "eval_grid": self.eval_grid.state_dict()}
     if hasattr(self.scheduler, "state_dict"):
       host["scheduler"] = self.scheduler.state_dict()
     if p.lora is not None:  # the base the adapters belong to: path and content hash (not the base)
@@ -379,8 +362,7 @@ class Pipeline:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])
     if "eval_grid" in host:
-      self._grid_next = int(host["eval_grid"]["next"])
-      self._compute_at_step_end = float(host["eval_grid"]["compute_at_step_end"])
+      self.eval_grid.load_state_dict(host["eval_grid"])
 
   def resume(self) -> None:
     """Restores the host state of a resumed run and decides whether it has finished already."""
@@ -391,10 +373,10 @@ class Pipeline:
     if c.scheduler.reference_tokens > 0:
       p.sim_state.reference_tokens = float(c.scheduler.reference_tokens)
     if p.resumed_host is not None and "eval_grid" in p.resumed_host:
-      compute = self._compute_at_step_end  # saved: the async schedule's compute moves on after it
+      compute = self.eval_grid.compute_at_step_end  # saved: async compute moves on after it
     else:  # a fresh run, or a checkpoint from before the eval_grid key
       compute = p.metrics.compute_seconds()
-      self._grid_next = sum(1 for x in self._grid if x <= compute)  # the evaluated ones
+      self.eval_grid.skip_evaluated(compute)  # the evaluated ones
     if self.step > 0:
       self._decide_finished(compute)
 
@@ -403,8 +385,7 @@ class Pipeline:
     p, c = self.parts, self.config
     self.publish()
     if self.step == 0:
-      self._passk_due = not self._passk_grid or 0.0 in self._passk_grid
-      evaluate = c.eval.every or self._grid
+      evaluate = self.eval_grid.start()
       self.last_eval = p.metrics.first_row(self.evaluate() if evaluate else {})
       p.writer.write(0, self.last_eval)
 
@@ -423,32 +404,9 @@ class Pipeline:
 
 def make_scheduler(parts: build_lib.Parts):
   """The config's schedule: `SimulatedScheduler`, `SyncScheduler` or `AsyncScheduler` (which owns
-  the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`)."""
-  c = parts.config
-  if c.scheduler.kind == "async":
-    channel = None
-    if jax.process_count() > 1:  # process 0 owns the buffer and the workers; the others follow
-      channel = step_channel.StepChannel(jax.process_index(), jax.process_count())
-      if not channel.is_leader:
-        logging.info("trainer process %d follows trainer process 0, which owns the replay buffer "
-                     "and the rollout workers", jax.process_index())
-        return schedulers.FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
-    ray = c.rollout.get("placement", "local") == "ray"  # Ray's restarts cap the pool's too
-    scheduler = schedulers.AsyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                          requests_per_call=parts.rollouts.requests_per_call,
-                                          channel=channel,
-                                          max_restarts=c.rollout.ray_max_restarts if ray else 5)
-    parts.metrics.pool_metrics = scheduler.pool_metrics
-    return scheduler
-  cost = schedulers.GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
-                                   parts.sim_state)
-  common = dict(cost=cost, train_device_seconds=c.scheduler.train_seconds_per_step,
-                state=parts.sim_state)
-  if c.scheduler.kind == "sync":
-    return schedulers.SyncScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                    c.trainer.num_devices, c.scheduler.rollouts_per_step, **common)
-  return schedulers.SimulatedScheduler(parts.rollouts.make_worker, c.rollout.num_workers,
-                                       c.trainer.num_devices, **common)
+  the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`),
+  built by its class (`schedules.schedule_class(kind).from_parts`)."""
+  return schedulers.schedule_class(parts.config.scheduler.kind).from_parts(parts)
 
 
 def write_run_config(config, workdir: str) -> None:

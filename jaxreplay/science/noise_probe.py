@@ -298,9 +298,19 @@ def resolve_minibatch(requested: int, batch_size: int, group_size: int) -> int:
   return max(group_size, (b // group_size) * group_size)
 
 
-def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) -> dict:
-  """Trains, probes every staleness and returns the result record (see the module docstring)."""
-  t_start = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class ProbePlan:
+  """The probe's shape, checked: minibatch B, n minibatches of it (M = n B rollouts) and the
+  staleness grid (0 and every requested s in [1, steps]; `dropped` the others)."""
+  minibatch: int
+  num_minibatches: int
+  rollouts: int
+  grid: list
+  dropped: list
+
+
+def plan_probe(c, settings: ProbeSettings) -> ProbePlan:
+  """The `ProbePlan` of `settings` under config `c`; a ValueError names what to change."""
   g_size = c.rollout.group_size
   b_probe = resolve_minibatch(settings.minibatch, c.buffer.batch_size, g_size)
   n_mb = settings.rollouts // b_probe
@@ -316,31 +326,25 @@ def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) ->
     raise ValueError(f"staleness grid {settings.staleness} with steps={settings.steps} keeps {grid}: "
                      "need 0 and at least one s in [1, steps]")
   dropped = sorted(set(int(s) for s in settings.staleness) - set(grid))
-  k_steps = settings.steps
+  return ProbePlan(b_probe, n_mb, m_rollouts, grid, dropped)
 
-  with tempfile.TemporaryDirectory(prefix="probe_sigma_") as workdir:
-    parts = build_parts(c, workdir)
-  grad_fn = make_grad_fn(parts.model_cfg, parts.loss_fn, c.trainer.logprob_chunk)
-  log(f"training {k_steps} on-policy steps (B = R = N = {c.buffer.batch_size}, G = {g_size}, "
-      f"lr {c.trainer.learning_rate:g} {c.trainer.schedule}) ...")
-  t0 = time.perf_counter()
-  snapshots, train_rows, check = train_on_policy(parts, k_steps, {k_steps - s for s in grid},
-                                                 grad_fn, b_probe)
-  train_s = time.perf_counter() - t0
-  log(f"  {train_s:.1f} s; reward mean first/last step {train_rows[0]['reward_mean']:.3f} / "
-      f"{train_rows[-1]['reward_mean']:.3f}; gradient check (relative difference of norms): "
-      f"{check.get('rel_diff', check.get('skipped'))}")
 
+def probe_gradients(c, parts: Parts, grad_fn: Callable, plan: ProbePlan, snapshots: dict,
+                    k_steps: int, log: Callable[[str], None]):
+  """At theta_T (the snapshot of step `k_steps`): per staleness s of the grid, rollouts sampled
+  with the params of step T - s, the minibatch gradients of each layout, their Gram matrices
+  (and those against s = 0), and the rollouts' statistics. Returns (grams, cross, stats,
+  number of parameters)."""
+  g_size, b_probe, n_mb = c.rollout.group_size, plan.minibatch, plan.num_minibatches
   # Params in the train state's layout, so the sampler and gradient reuse their compilations.
   param_sh = jax.tree.map(lambda x: x.sharding, parts.state.params)
   theta_t = jax.device_put(snapshots[k_steps], param_sh)
   probe_problems = [p for _, p in experience.PromptSource(
-      parts.task, c.seed + PROBE_PROMPT_SEED_OFFSET).take(m_rollouts // g_size)]
+      parts.task, c.seed + PROBE_PROMPT_SEED_OFFSET).take(plan.rollouts // g_size)]
   grams = {lay: {} for lay in LAYOUTS}     # layout -> s -> float64 [n, n]
   cross = {lay: {} for lay in LAYOUTS}     # layout -> s -> <g_b(s), g_b'(0)>, float64 [n, n]
   grads0, stats = {}, []
-  t0 = time.perf_counter()
-  for s in grid:
+  for s in plan.grid:
     t_s = time.perf_counter()
     rollouts, rewards = sample_rollouts(parts, jax.device_put(snapshots[k_steps - s], param_sh),
                                         k_steps - s, probe_problems,
@@ -374,22 +378,16 @@ def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) ->
         "seconds": time.perf_counter() - t_s,
     })
     log(f"  staleness {s:3d}: {time.perf_counter() - t_s:.1f} s")
-  probe_s = time.perf_counter() - t0
-  n_params = int(grads0["groups"].shape[1])
-  del grads0
+  return grams, cross, stats, int(grads0["groups"].shape[1])
 
-  rng = np.random.default_rng(settings.seed)
-  est = {lay: noise_stats.estimate_layout(grams[lay], cross[lay], grid, b_probe,
-                                          settings.bootstrap, rng)
-         for lay in LAYOUTS}
-  main_est, spread = est["groups"], est["spread"]
-  sigma2 = main_est["sigma2"]
-  fit = main_est["fit"]
-  fit_shift = (noise_stats.fit_power_law([s + 1 for s in grid], sigma2)
-               if np.all(sigma2 > 0) else None)
 
+def staleness_rows(plan: ProbePlan, grams: dict, stats: list, main_est: dict,
+                   spread: dict) -> list[dict]:
+  """One row per staleness: the rollouts' statistics, sigma^2 (both layouts), the bias and the
+  mean gradient's norm, with their intervals."""
   rows = []
-  for i, s in enumerate(grid):
+  sigma2 = main_est["sigma2"]
+  for i, s in enumerate(plan.grid):
     mean_sq = noise_stats.mean_sq_norm_from_gram(grams["groups"][s])   # ||g_bar(s)||^2
     rows.append({
         **stats[i],
@@ -402,42 +400,88 @@ def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) ->
         "bias_raw": float(math.sqrt(max(main_est["bias_raw_sq"][i], 0.0))),
         "bias_ci": main_est["bias_ci"][i],
         "mean_grad_norm": float(math.sqrt(max(mean_sq, 0.0))),
-        "mean_grad_norm_debiased": float(math.sqrt(max(mean_sq - main_est["var"][i] / n_mb, 0.0))),
+        "mean_grad_norm_debiased": float(math.sqrt(max(
+            mean_sq - main_est["var"][i] / plan.num_minibatches, 0.0))),
         "sigma2_spread": float(spread["sigma2"][i]), "sigma2_spread_ci": spread["sigma2_ci"][i],
         "sigma2_spread_ratio_to_s0": float(spread["ratio"][i]),
     })
+  return rows
 
-  mu = float(c.scheduler.mu)
-  design = noise_stats.design_table(mu, grid, sigma2, fit)
-  # Monotonicity: is each sigma^2(s) above sigma^2(0), and is the curve non-decreasing?
+
+def monotonicity(grid: list, sigma2, rows: list[dict]) -> dict:
+  """Is each sigma^2(s) above sigma^2(0), and is the curve non-decreasing?"""
   steps_up = [bool(sigma2[i + 1] >= sigma2[i]) for i in range(len(grid) - 1)]
-  monotone = {
+  return {
       "non_decreasing_point_estimates": all(steps_up),
       "increments_non_negative": steps_up,
       "ratio_ci_excludes_1_above": [s for r, s in zip(rows, grid) if s > 0 and r["sigma2_ratio_ci"][0] > 1],
       "ratio_ci_excludes_1_below": [s for r, s in zip(rows, grid) if s > 0 and r["sigma2_ratio_ci"][1] < 1],
   }
 
-  def fit_record(e: dict) -> Optional[dict]:
-    f = e["fit"]
-    if f is None:
-      return None
-    return {"alpha": f.alpha, "tau": noise_stats.finite_or_str(f.tau), "r2": f.r2,
-            "num_points": f.num_points, "alpha_ci": e["alpha_ci"],
-            "on": "staleness >= 1 (s = 0 left out: the power law is 0 there)",
-            "of": "sigma = sqrt(sigma2 per rollout), tau in steps"}
+
+def fit_record(e: dict) -> Optional[dict]:
+  """A layout estimate's power-law fit as the result record holds it (None: no fit)."""
+  f = e["fit"]
+  if f is None:
+    return None
+  return {"alpha": f.alpha, "tau": noise_stats.finite_or_str(f.tau), "r2": f.r2,
+          "num_points": f.num_points, "alpha_ci": e["alpha_ci"],
+          "on": "staleness >= 1 (s = 0 left out: the power law is 0 there)",
+          "of": "sigma = sqrt(sigma2 per rollout), tau in steps"}
+
+
+def config_record(c) -> dict:
+  """The probed run's settings, as the result record holds them."""
   return {
-      "config": {
-          "task": c.task.name, "model_path": c.model.path or f"preset:{c.model.preset}",
-          "loss": c.trainer.loss, "aggregation": c.trainer.aggregation,
-          "learning_rate": c.trainer.learning_rate, "schedule": c.trainer.schedule,
-          "warmup_steps": c.trainer.warmup_steps, "total_steps": c.total_steps,
-          "batch_size": c.buffer.batch_size, "group_size": g_size,
-          "max_tokens": c.rollout.max_tokens, "temperature": c.rollout.temperature,
-          "eps_low": c.trainer.eps_low, "eps_high": c.trainer.eps_high, "mu": mu, "seed": c.seed,
-      },
-      "settings": {"steps": k_steps, "rollouts": m_rollouts, "minibatch": b_probe,
-                   "num_minibatches": n_mb, "staleness": grid, "staleness_dropped": dropped,
+      "task": c.task.name, "model_path": c.model.path or f"preset:{c.model.preset}",
+      "loss": c.trainer.loss, "aggregation": c.trainer.aggregation,
+      "learning_rate": c.trainer.learning_rate, "schedule": c.trainer.schedule,
+      "warmup_steps": c.trainer.warmup_steps, "total_steps": c.total_steps,
+      "batch_size": c.buffer.batch_size, "group_size": c.rollout.group_size,
+      "max_tokens": c.rollout.max_tokens, "temperature": c.rollout.temperature,
+      "eps_low": c.trainer.eps_low, "eps_high": c.trainer.eps_high,
+      "mu": float(c.scheduler.mu), "seed": c.seed,
+  }
+
+
+def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) -> dict:
+  """Trains, probes every staleness and returns the result record (see the module docstring)."""
+  t_start = time.perf_counter()
+  plan = plan_probe(c, settings)
+  grid, k_steps = plan.grid, settings.steps
+
+  with tempfile.TemporaryDirectory(prefix="probe_sigma_") as workdir:
+    parts = build_parts(c, workdir)
+  grad_fn = make_grad_fn(parts.model_cfg, parts.loss_fn, c.trainer.logprob_chunk)
+  log(f"training {k_steps} on-policy steps (B = R = N = {c.buffer.batch_size}, "
+      f"G = {c.rollout.group_size}, lr {c.trainer.learning_rate:g} {c.trainer.schedule}) ...")
+  t0 = time.perf_counter()
+  snapshots, train_rows, check = train_on_policy(parts, k_steps, {k_steps - s for s in grid},
+                                                 grad_fn, plan.minibatch)
+  train_s = time.perf_counter() - t0
+  log(f"  {train_s:.1f} s; reward mean first/last step {train_rows[0]['reward_mean']:.3f} / "
+      f"{train_rows[-1]['reward_mean']:.3f}; gradient check (relative difference of norms): "
+      f"{check.get('rel_diff', check.get('skipped'))}")
+
+  t0 = time.perf_counter()
+  grams, cross, stats, n_params = probe_gradients(c, parts, grad_fn, plan, snapshots, k_steps, log)
+  probe_s = time.perf_counter() - t0
+
+  rng = np.random.default_rng(settings.seed)
+  est = {lay: noise_stats.estimate_layout(grams[lay], cross[lay], grid, plan.minibatch,
+                                          settings.bootstrap, rng)
+         for lay in LAYOUTS}
+  main_est, spread = est["groups"], est["spread"]
+  sigma2 = main_est["sigma2"]
+  fit_shift = (noise_stats.fit_power_law([s + 1 for s in grid], sigma2)
+               if np.all(sigma2 > 0) else None)
+  rows = staleness_rows(plan, grams, stats, main_est, spread)
+  mu = float(c.scheduler.mu)
+  return {
+      "config": config_record(c),
+      "settings": {"steps": k_steps, "rollouts": plan.rollouts, "minibatch": plan.minibatch,
+                   "num_minibatches": plan.num_minibatches, "staleness": grid,
+                   "staleness_dropped": plan.dropped,
                    "bootstrap": settings.bootstrap, "interval": "95% percentile bootstrap",
                    "num_params": n_params},
       "units": {"sigma2": "per rollout: B x var_minibatch, squared L2 norm of d loss / d params",
@@ -452,7 +496,8 @@ def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) ->
           "alpha": fit_shift.alpha, "tau_plus_1": noise_stats.finite_or_str(fit_shift.tau),
           "r2": fit_shift.r2,
           "of": "sigma against staleness + 1, every point"},
-      "monotone": monotone, "design": design,
+      "monotone": monotonicity(grid, sigma2, rows),
+      "design": noise_stats.design_table(mu, grid, sigma2, main_est["fit"]),
       "design_spread": noise_stats.design_table(mu, grid, spread["sigma2"], spread["fit"]),
       "wall_seconds": {"train": train_s, "probe": probe_s, "total": time.perf_counter() - t_start},
   }

@@ -1,0 +1,216 @@
+"""What every schedule shares: the `Hooks` protocol, the `Schedule` facts, the virtual clock
+(`SimState`) and its `GenerationCost`, the in-process `LocalWorker`, and the encoding of in-flight
+groups for checkpoints. The schedules themselves: `simulated`, `sync`, `async_` (package docstring).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from absl import logging
+import numpy as np
+
+from jaxreplay.rollout.base import Completion, Group, RolloutWorker, Weights
+
+MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
+Job = Callable[[RolloutWorker], Any]  # runs on one worker between two requests
+
+
+class Hooks(Protocol):
+  """The pipeline's side of a schedule."""
+
+  intake: Any  # `jaxreplay.data.experience.Intake`: next_request / score / deliver / dropped
+
+  def done(self) -> bool:
+    """Whether the run has finished (total_steps, or the compute budget, reached at a step end)."""
+
+  def latest_weights(self) -> Weights:
+    """The newest published weights (workers sample with these)."""
+
+  def generated(self, groups: list[Group], seconds: float) -> None:
+    """Accounts one generate call (measured seconds); may compare sampler and trainer log-probs."""
+
+  def can_train(self) -> bool:
+    """Whether the buffer holds enough rollouts for a batch."""
+
+  def train_step(self, now: float) -> Any:
+    """Samples a batch and takes one gradient step; returns a handle for `finish_step`."""
+
+  def sample_rollouts(self) -> list:
+    """The next batch's rollouts, sampled from the buffer (`train_step` = `train_on` of these)."""
+
+  def train_on(self, rollouts: list, now: float) -> Any:
+    """One gradient step on the batch of `rollouts`; returns a handle for `finish_step`."""
+
+  def publish_if_due(self, handle: Any) -> Optional[Weights]:
+    """Publishes the new weights when a refresh is due; returns them (None when not due)."""
+
+  def finish_step(self, handle: Any, now: float) -> None:
+    """Evaluates, logs the metrics row and checkpoints when due."""
+
+
+class Schedule:
+  """What a schedule is, asked by the code that only has the config (`schedule_class(kind)`) or
+  the schedule, instead of testing `scheduler.kind` strings. Class-level facts:
+
+    kind: its `config.scheduler.kind`.
+    virtual_time: it runs on the simulated clock (`SimState`): the run's compute axis is that
+      clock's device-seconds, and the metrics rows carry sim/* (simulated, sync). False: measured
+      wall time and device-seconds (async).
+    mismatch_at_generation: generation and training interleave on one thread, so the sampler /
+      trainer log-prob comparison checks fresh groups when they are generated; False: it checks
+      the fresh rows of a training batch (the workers run beside the trainer).
+    leader_owns_workers: with several trainer processes, process 0 alone drives the rollout
+      workers and the buffer and the others follow it (async); False: every process runs the
+      schedule itself.
+  """
+
+  kind: str = ""
+  virtual_time: bool = False
+  mismatch_at_generation: bool = False
+  leader_owns_workers: bool = False
+
+  @classmethod
+  def num_actors(cls, config) -> int:
+    """Rollout engines this schedule drives at once (Ray actors under rollout.placement="ray"):
+    one local worker generates for every virtual one unless the schedule says otherwise."""
+    del config
+    return 1
+
+  @classmethod
+  def gamma(cls, config, sim_state: "SimState") -> Optional[float]:
+    """The compute per update over the on-policy baseline's (1 + mu) on the simulated clock
+    (sim/gamma); None for a schedule without virtual time."""
+    del config, sim_state
+    return None
+
+  @classmethod
+  def from_parts(cls, parts) -> "Schedule":
+    """The schedule of a built run (`jaxreplay.run.build.Parts`)."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass
+class SimState:
+  """The virtual clock; saved with checkpoints so a resumed run continues its timeline."""
+  clock: float = 0.0
+  generation_device_seconds: float = 0.0
+  training_device_seconds: float = 0.0
+  requests: int = 0
+  reference_tokens: float = 0.0  # the calibration length of `GenerationCost` (0 = not yet set)
+
+
+class GenerationCost:
+  """Virtual device-seconds of generating groups: a prefill part per rollout, a decode part per token.
+
+    seconds = g * (prefill_fraction * n + (1 - prefill_fraction) * tokens / L)
+  for n rollouts holding `tokens` generated tokens in all; g = `seconds_per_rollout` is the cost of a
+  rollout of the reference length L, so B rollouts of length L cost mu training steps when
+  g = mu * train_seconds_per_step / B. L is `state.reference_tokens`; when it is 0 (not given) the
+  first call sets it to the mean completion length of its groups (saved with the clock, so a resumed
+  run keeps it).
+  """
+
+  def __init__(self, seconds_per_rollout: float, prefill_fraction: float, state: SimState):
+    if seconds_per_rollout <= 0:
+      raise ValueError("simulated costs must be > 0: set config.scheduler.mu and "
+                       "config.scheduler.train_seconds_per_step")
+    if not 0.0 <= prefill_fraction < 1.0:
+      raise ValueError(f"prefill_fraction={prefill_fraction} must be in [0, 1)")
+    self.seconds_per_rollout, self.prefill_fraction, self.state = (
+        float(seconds_per_rollout), float(prefill_fraction), state)
+
+  def __call__(self, groups: list[Group]) -> float:
+    n = sum(len(g.completions) for g in groups)
+    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+    if self.state.reference_tokens <= 0:
+      self.state.reference_tokens = max(tokens / max(n, 1), 1.0)
+    f = self.prefill_fraction
+    return self.seconds_per_rollout * (f * n + (1.0 - f) * tokens / self.state.reference_tokens)
+
+
+def encode_group(group: Group) -> dict[str, Any]:
+  """A `Group` as checkpoint host state (numpy arrays, ints, strings)."""
+  return {"prompt_tokens": np.asarray(group.prompt_tokens),
+          "tokens": [np.asarray(c.tokens) for c in group.completions],
+          "logprobs": [np.asarray(c.logprobs) for c in group.completions],
+          "finish_reasons": [str(c.finish_reason) for c in group.completions],
+          "policy_version": int(group.policy_version), "prompt_index": int(group.prompt_index)}
+
+
+def decode_group(state: dict[str, Any]) -> Group:
+  """Inverse of `encode_group`."""
+  completions = [Completion(np.asarray(t), np.asarray(lp), str(f)) for t, lp, f in
+                 zip(state["tokens"], state["logprobs"], state["finish_reasons"])]
+  return Group(np.asarray(state["prompt_tokens"]), completions, int(state["policy_version"]),
+               int(state["prompt_index"]))
+
+
+class LocalWorker:
+  """The one in-process worker that generates for every virtual worker, at the newest weights.
+
+  A worker that counts its calls (`call_count`, the JAX sampler's noise stream) starts at
+  `state.requests`, so a resumed run draws the noise the uninterrupted run would have drawn.
+  """
+
+  def __init__(self, make_worker: MakeWorker, state: Optional["SimState"] = None):
+    self.make_worker = make_worker
+    self.state = state
+    self._worker: Optional[RolloutWorker] = None
+
+  def _at(self, weights: Weights) -> RolloutWorker:
+    """The worker, made (on first use) or refreshed to hold `weights`."""
+    if self._worker is None:
+      self._worker = self.make_worker(0, weights)
+      if self._worker.policy_version != weights.version:  # started without them (superseded)
+        self._worker.load_weights(weights)
+      if self.state is not None and hasattr(self._worker, "call_count"):
+        self._worker.call_count = self.state.requests
+      logging.info("started the rollout worker")
+    elif self._worker.policy_version != weights.version:
+      self._worker.load_weights(weights)
+    return self._worker
+
+  def generate(self, hooks: Hooks, batch) -> list[Group]:
+    """Generates one request with the newest weights; the measured seconds go to the hooks."""
+    worker = self._at(hooks.latest_weights())
+    t0 = time.perf_counter()
+    groups = worker.generate(batch.prompts, batch.n, batch.sampling)
+    hooks.generated(groups, time.perf_counter() - t0)
+    return groups
+
+  def run_jobs(self, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs each job on the worker at `weights`, in order (the next request reloads the newest)."""
+    worker = self._at(weights)
+    return [fn(worker) for fn in fns]
+
+  def close(self) -> None:
+    if self._worker is not None:
+      self._worker.close()
+      self._worker = None
+
+
+class _LocalJobs(Schedule):
+  """Jobs (engine evaluation) of a schedule with one in-process `LocalWorker` (`self.worker`)."""
+
+  worker: LocalWorker
+  job_parallelism = 1  # jobs run on the one local worker
+
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs the jobs on the local worker at `weights` (no virtual time passes)."""
+    del hooks
+    return self.worker.run_jobs(weights, fns)
+
+  def close(self) -> None:
+    self.worker.close()
+
+
+def virtual_costs(parts) -> dict[str, Any]:
+  """The simulated clock's costs of a built run: `cost`, `train_device_seconds` and `state`
+  (the keyword arguments the simulated and sync schedules share)."""
+  c = parts.config
+  cost = GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
+                        parts.sim_state)
+  return dict(cost=cost, train_device_seconds=c.scheduler.train_seconds_per_step,
+              state=parts.sim_state)

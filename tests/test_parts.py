@@ -1,0 +1,22 @@
+"""`build.Parts`: its groups, and the flat attribute names that read and assign through them."""
+from jaxreplay.run import build as build_lib
+
+
+def test_flat_names_forward_to_the_groups():
+  learner = build_lib.LearnerParts(model_cfg=None, mesh=None, state="s0", train_step=len,
+                                   logprob_fn=None)
+  data = build_lib.DataParts(task=None, codec=None, tokenizer_dir=None, buffer="buf", intake=None,
+                             buckets=(8,), eval_problems=[])
+  gen = build_lib.GenerationParts(rollouts=None, eval_sampler=None, sim_state=None,
+                                  gen_seconds_per_rollout=1.5)
+  tel = build_lib.TelemetryParts(accountant=None, metrics="m", writer=None)
+  parts = build_lib.Parts(config=None, workdir="w", learner=learner, data=data, generation=gen,
+                          telemetry=tel, checkpointer=None, resumed_host=None)
+  assert (parts.state, parts.buffer, parts.buckets, parts.metrics, parts.lora, parts.reuse,
+          parts.gen_seconds_per_rollout) == ("s0", "buf", (8,), "m", None, None, 1.5)
+  parts.train_step = abs  # tests wrap the step this way
+  assert learner.train_step is abs
+  assert parts.model_params("p") == "p"  # no LoRA: the params themselves
+  # every group field has its flat name, and no two groups share one
+  names = [f for cls in build_lib._GROUPS.values() for f in cls.__dataclass_fields__]
+  assert len(names) == len(set(names)) and set(names) == set(build_lib._FLAT)
