@@ -107,6 +107,45 @@ def test_plot_runs_one_line_per_run(tmp_path):
   np.testing.assert_allclose(drawn["eval/pass@1"]["replay"]["x"], [0, 1, 2, 3])
   np.testing.assert_allclose(drawn["eval/pass@1"]["replay"]["median"], [0.1, 0.2, 0.4, 0.5])
   np.testing.assert_allclose(drawn["reward_mean"]["onpolicy"]["median"], [0.05, 0.075, 0.15])
+  # The noisy per-step reward gets a smoothed line (bias-corrected EMA: starts at the first value)
+  assert drawn["reward_mean"]["onpolicy"]["smoothed"][0] == pytest.approx(0.05)
+  assert "smoothed" not in drawn["eval/pass@1"]["replay"]
+
+
+def test_plot_labels_titles_and_smoothed_line(tmp_path, monkeypatch):
+  """Axis labels in words with units, a title per panel and figure, an EMA over the faint raw
+  per-step reward points (named in the legend)."""
+  from matplotlib.figure import Figure
+  figs = []
+  monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figs.append(self))
+  rng = np.random.default_rng(0)
+  ys = np.clip(np.linspace(0.1, 0.6, 60) + rng.normal(0, 0.1, 60), 0, 1)
+  _write_run(tmp_path / "a" / "seed0", np.arange(60) * 10.0, ys)
+  _write_run(tmp_path / "b" / "seed0", np.arange(60) * 10.0, ys[::-1])
+  with open(tmp_path / "a" / "seed0" / "run_config.json", "w") as f:
+    f.write('{"eval": {"temperature_pass1": 0.1, "temperature_passk": 1.0}}')
+  drawn = plot.plot_runs([str(tmp_path / "a" / "seed0"), str(tmp_path / "b" / "seed0")],
+                         str(tmp_path / "f.png"), ys=("eval/pass@1", "reward_mean"))
+  assert set(drawn["reward_mean"]) == {"a/seed0", "b/seed0"}  # same basename: parents tell apart
+  (fig,) = figs
+  assert fig.get_suptitle()
+  ax_pass, ax_reward = fig.axes
+  assert ax_pass.get_xlabel() == "compute (device-seconds)"
+  assert ax_pass.get_ylabel() == "held-out pass@1 (T=0.1)"
+  assert ax_reward.get_ylabel() == "reward (mean over the batch)"
+  assert plot.axis_label("step") == "training step"
+  for ax in (ax_pass, ax_reward):
+    assert ax.get_title()
+  lines = ax_reward.get_lines()
+  raw = [l for l in lines if l.get_linestyle() == "None"]
+  smooth = [l for l in lines if l.get_linestyle() != "None"]
+  assert len(raw) == len(smooth) == 2
+  assert all(l.get_alpha() is not None and l.get_alpha() < 0.5 for l in raw)
+  assert all("EMA" in l.get_label() for l in smooth)
+  sm = smooth[0].get_ydata()
+  np.testing.assert_allclose(sm, plot.ema(ys / 2))
+  assert np.std(np.diff(sm)) < 0.5 * np.std(np.diff(ys / 2))  # smoother than the raw points
+  assert all(l.get_label().startswith(("a/seed0", "b/seed0")) for l in ax_pass.get_lines())
 
 
 def test_plot_groups_median_and_iqr(tmp_path):
