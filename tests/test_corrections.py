@@ -219,7 +219,8 @@ class CorrectionFunctionsTest(chex.TestCase):
                               segment_ids=seg)
     np.testing.assert_array_equal(np.asarray(got.weights) * mask, w)
     for k, v in aux.items():
-      np.testing.assert_allclose(got.aux[k], v, rtol=1e-6, err_msg=k)
+      np.testing.assert_allclose(got.aux[k], v, **tolerances.close(np.float32, mask.size, max(
+          abs(v), 1e-3)), err_msg=k)  # float32 reductions over the tokens vs float64 numpy
     self.assertTrue(0.0 < aux["mis_masked_sequence_fraction"] < 1.0)
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -343,7 +344,8 @@ class CorrectedLossesTest(chex.TestCase):
     valid = x["mask"] > 0
     below, above = valid & (ratio <= CAP), valid & (ratio > CAP)
     self.assertTrue(below.any() and above.any())
-    np.testing.assert_allclose(g_dec[below], g_tis[below], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(g_dec[below], g_tis[below], **tolerances.close(
+        np.float32, x["mask"].size, tolerances.tree_scale(g_tis[below])))
     np.testing.assert_array_equal(g_dec[above], 0.0)
     self.assertTrue(np.all(g_tis[above] != 0.0))
 

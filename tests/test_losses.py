@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tolerances
 
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
@@ -126,6 +127,17 @@ def np_loss(lp, adv, mask, kind, aggregation, normalizer=None, **kw):
 # ----------------------------------------------------------------------------------------- inputs
 
 
+# JAX float32 (jit or not) against float64 numpy: each loss, metric and gradient reduces over at
+# most the N = 6 * 10 tokens of make_inputs (or the G rewards of a group).
+N = 6 * 10
+
+
+def tol(n, ref=1.0):
+  """Tolerances for float32 results reduced over `n` terms of the size of `ref` (at least 1e-3:
+  results near 0 are sums of terms of that size or more)."""
+  return tolerances.close(np.float32, n, max(tolerances.tree_scale(ref), 1e-3))
+
+
 def make_inputs(seed=0, num_rows=6, num_tokens=10):
   """Right-padded rows after a prompt prefix; row 2 has no completion token."""
   rng = np.random.default_rng(seed)
@@ -170,7 +182,7 @@ class AdvantagesTest(chex.TestCase):
     rewards[3] = (rewards[3] > 0).astype(np.float32)  # a binary-reward group
     got = self.variant(losses.grpo_advantages)(rewards)
     self.assertEqual(got.dtype, jnp.float32)
-    chex.assert_trees_all_close(got, np_grpo_advantages(rewards), atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(got, np_grpo_advantages(rewards), **tol(8, rewards))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_grpo_advantages_equal_rewards_are_exactly_zero(self):
@@ -178,27 +190,27 @@ class AdvantagesTest(chex.TestCase):
     got = np.asarray(self.variant(losses.grpo_advantages)(rewards))
     self.assertTrue(np.all(np.isfinite(got)))
     np.testing.assert_array_equal(got[[0, 1, 3]], 0.0)
-    np.testing.assert_allclose(got[2], [-1.0] * 8 + [1.0] * 8, atol=1e-5)
+    np.testing.assert_allclose(got[2], [-1.0] * 8 + [1.0] * 8, **tol(16))
     single = self.variant(losses.grpo_advantages)(np.array([[3.0], [-1.0]], np.float32))
     np.testing.assert_array_equal(single, 0.0)
 
   def test_grpo_advantages_int_rewards(self):
     rewards = np.array([[0, 1, 1, 0], [1, 1, 1, 1]], np.int32)
     got = losses.grpo_advantages(rewards, eps=1e-3)
-    chex.assert_trees_all_close(got, np_grpo_advantages(rewards, eps=1e-3), atol=1e-6)
+    chex.assert_trees_all_close(got, np_grpo_advantages(rewards, eps=1e-3), **tol(4))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_asymre_advantages_vs_numpy(self):
     rewards = np.random.default_rng(2).uniform(size=(3, 5)).astype(np.float32)
     for tau in (-0.1, 0.0, 0.25):
       got = self.variant(functools.partial(losses.asymre_advantages, tau=tau))(rewards)
-      chex.assert_trees_all_close(got, np_asymre_advantages(rewards, tau), atol=1e-6)
+      chex.assert_trees_all_close(got, np_asymre_advantages(rewards, tau), **tol(5))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_asymre_group_size_one_baseline_is_tau(self):
     rewards = np.array([[1.0], [0.0], [0.5]], np.float32)
     got = self.variant(losses.asymre_advantages)(rewards)
-    chex.assert_trees_all_close(got, rewards + 0.1, atol=1e-7)
+    chex.assert_trees_all_close(got, rewards + 0.1, **tol(1))
 
   def test_rewards_rank_and_dtype_errors(self):
     with pytest.raises(ValueError, match="rank"):
@@ -218,7 +230,7 @@ class BuildingBlocksTest(chex.TestCase):
     per_token = np.random.default_rng(3).normal(size=x["mask"].shape).astype(np.float32)
     got = self.variant(functools.partial(losses.aggregate, aggregation=aggregation))(
         per_token, x["mask"])
-    np.testing.assert_allclose(got, np_aggregate(per_token, x["mask"], aggregation), rtol=1e-5)
+    np.testing.assert_allclose(got, np_aggregate(per_token, x["mask"], aggregation), **tol(N, per_token))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_aggregate_custom_normalizer(self):
@@ -226,7 +238,7 @@ class BuildingBlocksTest(chex.TestCase):
     per_token = np.random.default_rng(4).normal(size=x["mask"].shape).astype(np.float32)
     got = self.variant(functools.partial(losses.aggregate, aggregation="constant",
                                          normalizer=7.0))(per_token, x["mask"])
-    np.testing.assert_allclose(got, np_aggregate(per_token, x["mask"], "constant", 7.0), rtol=1e-5)
+    np.testing.assert_allclose(got, np_aggregate(per_token, x["mask"], "constant", 7.0), **tol(N, per_token))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_k3_kl_and_truncated_is_weights(self):
@@ -238,11 +250,11 @@ class BuildingBlocksTest(chex.TestCase):
       for t in range(10):
         d = float(ref[b, t]) - float(lp[b, t])
         want[b, t] = math.exp(d) - d - 1.0
-    chex.assert_trees_all_close(got, want, atol=1e-6)
+    chex.assert_trees_all_close(got, want, **tol(1, want))
     self.assertTrue(np.all(np.asarray(got) >= 0))
     np.testing.assert_array_equal(self.variant(losses.k3_kl)(lp, lp), 0.0)
     w = self.variant(functools.partial(losses.truncated_is_weights, cap=1.2))(lp, ref)
-    chex.assert_trees_all_close(w, np.minimum(np.exp(lp.astype(np.float64) - ref), 1.2), rtol=1e-6)
+    chex.assert_trees_all_close(w, np.minimum(np.exp(lp.astype(np.float64) - ref), 1.2), **tol(1))
     grad = jax.grad(lambda a: jnp.sum(losses.truncated_is_weights(a, ref, 2.0)))(lp)
     np.testing.assert_array_equal(grad, 0.0)
 
@@ -253,7 +265,7 @@ class BuildingBlocksTest(chex.TestCase):
     fn = self.variant(functools.partial(losses.clipped_surrogate, eps_low=EPS_LOW, eps_high=EPS_HIGH))
     obj, clipped = fn(ratio, adv)
     chex.assert_trees_all_close(
-        obj, np.array([[1.0, 1.9, 2.1, 2.6], [-0.9, -0.95, -1.05, -1.5]]), atol=1e-6)
+        obj, np.array([[1.0, 1.9, 2.1, 2.6], [-0.9, -0.95, -1.05, -1.5]]), **tol(1, 2.6))
     np.testing.assert_array_equal(clipped, [[False, False, False, True], [True, False, False, False]])
     obj_2d, _ = fn(ratio, np.broadcast_to(adv[:, None], ratio.shape))
     chex.assert_trees_all_close(obj_2d, obj)
@@ -290,11 +302,11 @@ class LossValuesTest(chex.TestCase):
           x["logprobs"], x["advantages"], x["mask"], "grpo", aggregation,
           normalizer if aggregation == "constant" else None, blp=x["behaviour_logprobs"], **ref_kw)
       self.assertEqual(loss.dtype, jnp.float32)
-      np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6, err_msg=aggregation)
+      np.testing.assert_allclose(loss, want_loss, **tol(N, want_loss), err_msg=aggregation)
       self.assertEqual(set(aux), set(want_aux))
       for k, v in want_aux.items():
         self.assertEqual(aux[k].dtype, jnp.float32, k)
-        np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{aggregation} {k}")
+        np.testing.assert_allclose(aux[k], v, **tol(N, v), err_msg=f"{aggregation} {k}")
       # The random inputs exercise both sides of the (asymmetric) clip range.
       self.assertGreater(float(aux["clip_fraction"]), 0.0)
     self.assertLess(float(got["token_mean"][0]), 1e3)
@@ -311,10 +323,10 @@ class LossValuesTest(chex.TestCase):
     for aggregation, (loss, aux) in got.items():
       want_loss, want_aux = np_loss(x["logprobs"], x["advantages"], x["mask"], "asymre",
                                     aggregation, **ref_kw)
-      np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6, err_msg=aggregation)
+      np.testing.assert_allclose(loss, want_loss, **tol(N, want_loss), err_msg=aggregation)
       self.assertEqual(set(aux), set(want_aux))
       for k, v in want_aux.items():
-        np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{aggregation} {k}")
+        np.testing.assert_allclose(aux[k], v, **tol(N, v), err_msg=f"{aggregation} {k}")
 
   def test_asymre_monitoring_ratio(self):
     x = make_inputs(12)
@@ -322,8 +334,8 @@ class LossValuesTest(chex.TestCase):
                                    behaviour_logprobs=x["behaviour_logprobs"])
     _, want = np_loss(x["logprobs"], x["advantages"], x["mask"], "grpo", "token_mean",
                       blp=x["behaviour_logprobs"])
-    np.testing.assert_allclose(aux["ratio_mean"], want["ratio_mean"], rtol=1e-5)
-    np.testing.assert_allclose(aux["ratio_max"], want["ratio_max"], rtol=1e-5)
+    np.testing.assert_allclose(aux["ratio_mean"], want["ratio_mean"], **tol(N, want["ratio_mean"]))
+    np.testing.assert_allclose(aux["ratio_max"], want["ratio_max"], **tol(N, want["ratio_max"]))
     np.testing.assert_allclose(loss, losses.asymre_loss(x["logprobs"], x["advantages"], x["mask"])[0])
 
 
@@ -355,7 +367,7 @@ class GradientsTest(chex.TestCase):
         x["logprobs"], x["advantages"], x["mask"])
     for aggregation, grad in grads.items():
       want = -x["advantages"][:, None] * grad_scale(x["mask"], aggregation)
-      chex.assert_trees_all_close(grad, want, atol=1e-7, rtol=1e-5, custom_message=aggregation)
+      chex.assert_trees_all_close(grad, want, **tol(N, want), custom_message=aggregation)
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters("plain", "kl", "tis")
@@ -396,13 +408,13 @@ class GradientsTest(chex.TestCase):
         if option == "kl":
           want[b, t] += 0.3 * (1.0 - math.exp(float(ref[b, t]) - float(lp[b, t])))
     for aggregation, grad in grads.items():
-      chex.assert_trees_all_close(grad, want * grad_scale(mask, aggregation), atol=1e-6,
-                                  rtol=1e-4, custom_message=aggregation)
+      scaled = want * grad_scale(mask, aggregation)
+      chex.assert_trees_all_close(grad, scaled, **tol(N, scaled), custom_message=aggregation)
     if option == "plain":
       self.assertEqual(num_clipped, 9)  # (A>0, rho=1.5) and (A<0, rho=0.5); row 2 ends at t=6
       aux = losses.grpo_loss(lp, behaviour, adv, mask, EPS_LOW, EPS_HIGH)[1]
-      np.testing.assert_allclose(aux["clip_fraction"], num_clipped / mask.sum(), rtol=1e-6)
-      np.testing.assert_allclose(aux["ratio_max"], 1.5, rtol=1e-5)
+      np.testing.assert_allclose(aux["clip_fraction"], num_clipped / mask.sum(), **tol(N))
+      np.testing.assert_allclose(aux["ratio_max"], 1.5, **tol(N, 1.5))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_grpo_on_policy_grad_is_reinforce(self):
@@ -410,7 +422,7 @@ class GradientsTest(chex.TestCase):
     fn = lambda lp: losses.grpo_loss(lp, x["logprobs"], x["advantages"], x["mask"])[0]
     grad = self.variant(jax.grad(fn))(x["logprobs"])
     want = -x["advantages"][:, None] * x["mask"] / x["mask"].sum()
-    chex.assert_trees_all_close(grad, want, atol=1e-7, rtol=1e-5)
+    chex.assert_trees_all_close(grad, want, **tol(N, want))
 
 
 class EdgeCasesTest(chex.TestCase):
@@ -429,7 +441,7 @@ class EdgeCasesTest(chex.TestCase):
     full = self.variant(over_aggregations(losses.grpo_loss, normalizer))(*args)
     cut = jax.jit(over_aggregations(losses.grpo_loss, normalizer))(
         x["logprobs"][keep], x["behaviour_logprobs"][keep], x["advantages"][keep], x["mask"][keep])
-    chex.assert_trees_all_close(full, cut, rtol=1e-6)
+    chex.assert_trees_all_close(full, cut, **tol(N, full))
     grads = self.variant(over_aggregations(losses.grpo_loss, normalizer, grad=True))(*args)
     for grad in grads.values():
       self.assertTrue(np.all(np.isfinite(grad)))
@@ -473,11 +485,11 @@ class EdgeCasesTest(chex.TestCase):
     self.assertTrue(all(v.dtype == jnp.float32 for v in aux.values()))
     want, _ = np_loss(as64["logprobs"], as64["advantages"], as64["mask"], "grpo", "token_mean",
                       blp=as64["behaviour_logprobs"], eps_low=0.2, eps_high=0.2)  # the defaults
-    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(loss, want, **tol(N, want))
     loss, _ = self.variant(losses.asymre_loss)(bf["logprobs"], bf["advantages"], bf["mask"])
     self.assertEqual(loss.dtype, jnp.float32)
     want, _ = np_loss(as64["logprobs"], as64["advantages"], as64["mask"], "asymre", "token_mean")
-    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(loss, want, **tol(N, want))
     adv = losses.grpo_advantages(jnp.ones((2, 4), jnp.bfloat16))
     self.assertEqual(adv.dtype, jnp.float32)
 
@@ -632,15 +644,15 @@ class AlgorithmsTest(chex.TestCase):
       d_per_token = d_per_token + kl_coef * (1.0 - np.exp(ref - lp))
     per_token, d_per_token = per_token * mask, d_per_token * mask
     np.testing.assert_allclose(loss, np_aggregate(per_token, mask, aggregation, normalizer),
-                               rtol=1e-5, atol=1e-7)
+                               **tol(N, per_token))
     chex.assert_trees_all_close(grad, d_per_token * grad_scale(mask, aggregation, normalizer),
-                                rtol=1e-5, atol=1e-7)
+                                **tol(N, d_per_token))
     np.testing.assert_allclose(aux["pg_loss"], np_aggregate(-w * adv * mask, mask, aggregation,
-                                                            normalizer), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(aux["tis_weight_mean"], w[valid].mean(), rtol=1e-5)
+                                                            normalizer), **tol(N, -w * adv * mask))
+    np.testing.assert_allclose(aux["tis_weight_mean"], w[valid].mean(), **tol(N, w))
     truncated = (ratio >= cap)[valid].mean()
     self.assertTrue(0.0 < truncated < 1.0)
-    np.testing.assert_allclose(aux["tis_truncated_fraction"], truncated, rtol=1e-6)
+    np.testing.assert_allclose(aux["tis_truncated_fraction"], truncated, **tol(N))
     # The clipped ratio is the trainer's own, exactly 1: the clip never binds.
     self.assertEqual(float(aux["clip_fraction"]), 0.0)
     self.assertEqual(float(aux["ratio_mean"]), 1.0)

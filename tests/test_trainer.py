@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import tolerances
 
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
@@ -26,6 +27,23 @@ CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_att
                    num_key_value_heads=1, head_dim=32)
 B, T, CHUNK = 8, 32, 16
 LR = 1e-3
+# Tolerances between two float32 computations of one step in different summation orders (meshes,
+# micro-batches, packing, host vs jit): each gradient element and each metric sums over the batch's
+# B*T tokens, and the log-probs normalise over the V logits.
+STEP_N = B * T * CFG.vocab_size
+
+
+def step_tol(want, floor=1e-3):
+  """Metrics, grads, Adam moments: sums of STEP_N float32 terms, at the reference's size (at least
+  `floor`: a metric near 0, e.g. advantage_mean, is a sum of terms of at least that size)."""
+  return tolerances.close(np.float32, STEP_N, max(tolerances.tree_scale(want), floor))
+
+
+def param_tol():
+  """Params after steps at LR: the update (|update| <= LR) carries the grads' reassociation error,
+  and p - update rounds once."""
+  return {"atol": tolerances.close(np.float32, STEP_N, LR)["atol"],
+          "rtol": tolerances.close(np.float32)["rtol"]}
 # Jitted once each (eager op-by-op dispatch of the model costs seconds of test time).
 init_params = jax.jit(transformer.init_params, static_argnums=0)
 full_logits = jax.jit(transformer.apply, static_argnums=0)
@@ -215,22 +233,24 @@ def test_reference_step_metrics(data):
   lp = data["logprob_fn"](data["params"], batch)
   want_loss, want_aux = losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
                                          batch.completion_mask)
-  np.testing.assert_allclose(m["loss"], float(want_loss), rtol=1e-5)
+  np.testing.assert_allclose(m["loss"], float(want_loss), **step_tol(want_loss))
   for key in ("clip_fraction", "ratio_mean", "pg_loss", "num_tokens"):
-    np.testing.assert_allclose(m[key], float(want_aux[key]), rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(m[key], float(want_aux[key]), **step_tol(want_aux[key]),
+                               err_msg=key)
   assert m["tokens"] == batch.completion_mask.sum()
   assert m["seq_tokens"] == (batch.segment_ids > 0).sum()
   assert 0.0 < m["clip_fraction"] < 1.0  # the noisy behaviour log-probs exercise both branches
   assert m["learning_rate"] == pytest.approx(LR)
   g = data["after_host"].opt_state[0]
   grad_norm = np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g)))
-  np.testing.assert_allclose(m["grad_norm"], grad_norm, rtol=1e-5)
+  np.testing.assert_allclose(m["grad_norm"], grad_norm, **step_tol(grad_norm))
   # Entropy: recomputed from full logits.
   logits = full_logits(CFG, data["params"], batch.tokens, batch.positions, batch.segment_ids)
   logp = jax.nn.log_softmax(logits)
   ent = -np.sum(np.exp(logp) * logp, axis=-1)
   mask = batch.completion_mask
-  np.testing.assert_allclose(m["entropy"], np.sum(ent * mask) / mask.sum(), rtol=1e-5)
+  want_ent = np.sum(ent * mask) / mask.sum()
+  np.testing.assert_allclose(m["entropy"], want_ent, **step_tol(want_ent))
   assert all(np.asarray(v).dtype == np.float32 and np.ndim(v) == 0 for v in m.values())
 
 
@@ -252,12 +272,12 @@ def test_step_on_meshes_matches_one_device(data, mesh_shape):
                                         data["loss_fn"])
   chex.assert_trees_all_equal(before.params, data["before"].params)
   for key, want in data["metrics"].items():
-    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(metrics[key], want, **step_tol(want), err_msg=key)
   chex.assert_trees_all_close(after.opt_state[0], data["after_host"].opt_state[0],
-                              rtol=1e-4, atol=1e-7)  # grads
-  chex.assert_trees_all_close(after.params, data["after_host"].params, rtol=1e-5, atol=1e-7)
+                              **step_tol(data["after_host"].opt_state[0]))  # grads
+  chex.assert_trees_all_close(after.params, data["after_host"].params, **param_tol())
   chex.assert_trees_all_close(after.opt_state[1], data["after_host"].opt_state[1],
-                              rtol=1e-4, atol=1e-8)
+                              **step_tol(data["after_host"].opt_state[1], floor=0.0))
 
 
 def test_microbatches_token_mean_equal_the_big_batch(data):
@@ -265,10 +285,10 @@ def test_microbatches_token_mean_equal_the_big_batch(data):
   _, after, metrics = run_one_step(_mesh((1, 2, 1)), data["params"], data["batch"], data["loss_fn"],
                                    k=4)
   for key, want in data["metrics"].items():
-    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(metrics[key], want, **step_tol(want), err_msg=key)
   chex.assert_trees_all_close(after.opt_state[0], data["after_host"].opt_state[0],
-                              rtol=1e-4, atol=1e-7)
-  chex.assert_trees_all_close(after.params, data["after_host"].params, rtol=1e-5, atol=1e-7)
+                              **step_tol(data["after_host"].opt_state[0]))
+  chex.assert_trees_all_close(after.params, data["after_host"].params, **param_tol())
 
 
 @pytest.mark.parametrize("name,aggregation", [("grpo", "sequence_mean"), ("asymre", "constant")])
@@ -288,10 +308,10 @@ def test_microbatches_other_aggregations(data, name, aggregation):
   (want_loss, want_aux), want_grads = _host(direct(data["params"]))
   _, after, metrics = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=2,
                                    compute_entropy=False)
-  np.testing.assert_allclose(metrics["loss"], want_loss, rtol=2e-5, atol=1e-7)
+  np.testing.assert_allclose(metrics["loss"], want_loss, **step_tol(want_loss))
   for key, want in want_aux.items():
-    np.testing.assert_allclose(metrics[key], want, rtol=2e-5, atol=1e-7, err_msg=key)
-  chex.assert_trees_all_close(after.opt_state[0], want_grads, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(metrics[key], want, **step_tol(want), err_msg=key)
+  chex.assert_trees_all_close(after.opt_state[0], want_grads, **step_tol(want_grads))
 
 
 def test_grpo_with_kl_learns_on_a_fixed_batch(data):
@@ -332,7 +352,9 @@ def test_logprob_fn_matches_full_logits(data):
   want = np.take_along_axis(logp, batch.targets[..., None], -1)[..., 0]
   got = np.asarray(data["logprob_fn"](data["params"], batch))
   mask = batch.completion_mask > 0
-  np.testing.assert_allclose(got[mask], want[mask], rtol=1e-5, atol=1e-5)
+  # Chunked log-probs vs one log_softmax over the full logits: sums over the V logits.
+  np.testing.assert_allclose(got[mask], want[mask], **tolerances.close(
+      np.float32, CFG.vocab_size, tolerances.tree_scale(want[mask])))
   assert np.all(got[~mask] == 0.0)
 
 
@@ -419,13 +441,14 @@ def test_tis_step_matches_the_formula(data):
   ratio = np.exp(lp - batch.behaviour_logprobs)[mask]
   w = np.minimum(ratio, TIS_CAP)
   adv = np.broadcast_to(batch.advantages[:, None], mask.shape)[mask]
-  np.testing.assert_allclose(metrics["loss"], -np.sum(w * adv) / mask.sum(), rtol=1e-5)
-  np.testing.assert_allclose(metrics["tis_weight_mean"], w.mean(), rtol=1e-5)
+  want_loss = -np.sum(w * adv) / mask.sum()
+  np.testing.assert_allclose(metrics["loss"], want_loss, **step_tol(want_loss))
+  np.testing.assert_allclose(metrics["tis_weight_mean"], w.mean(), **step_tol(w.mean()))
   np.testing.assert_allclose(metrics["tis_truncated_fraction"], np.mean(ratio >= TIS_CAP), rtol=1e-5)
   assert 0.0 < metrics["tis_truncated_fraction"] < 1.0
   assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == 1.0
-  chex.assert_trees_all_close(after.opt_state[0], _host(direct_grads(data["params"])),
-                              rtol=1e-4, atol=1e-7)
+  want_grads = _host(direct_grads(data["params"]))
+  chex.assert_trees_all_close(after.opt_state[0], want_grads, **step_tol(want_grads))
 
 
 def test_tis_microbatches_equal_the_whole_batch(data):
@@ -438,9 +461,9 @@ def test_tis_microbatches_equal_the_whole_batch(data):
   assert {"tis_weight_mean", "tis_truncated_fraction"} <= set(got)
   assert set(got) == set(want)
   for key in want:
-    np.testing.assert_allclose(got[key], want[key], rtol=2e-5, atol=1e-7, err_msg=key)
-  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
-  chex.assert_trees_all_close(micro.params, whole.params, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[key], want[key], **step_tol(want[key]), err_msg=key)
+  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], **step_tol(whole.opt_state[0]))
+  chex.assert_trees_all_close(micro.params, whole.params, **param_tol())
 
 
 @pytest.mark.parametrize("mode,key,cap", [("mis_token", "mis_masked_fraction", 1.3),
@@ -459,11 +482,11 @@ def test_corrections_in_the_step_and_microbatches(data, mode, key, cap):
   assert key in want and set(got) == set(want)
   assert 0.0 < want[key] < 1.0
   if mode == "m2po":
-    np.testing.assert_allclose(got[key], want[key], rtol=2e-5)
+    np.testing.assert_allclose(got[key], want[key], **step_tol(want[key]))
     return
   for k in want:
-    np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-7, err_msg=k)
-  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(got[k], want[k], **step_tol(want[k]), err_msg=k)
+  chex.assert_trees_all_close(micro.opt_state[0], whole.opt_state[0], **step_tol(whole.opt_state[0]))
 
 
 def test_nonfinite_update_is_skipped_and_counted(data):
@@ -492,7 +515,7 @@ def test_nonfinite_update_is_skipped_and_counted(data):
                                     nonfinite_check="updated")
   fresh = lambda: jax.device_put(jax.tree.map(np.copy, data["before"]), shardings)
   got, got_metrics = checked(fresh(), data["batch"])
-  chex.assert_trees_all_close(_host(got).params, data["after_host"].params, rtol=1e-6, atol=1e-8)
+  chex.assert_trees_all_close(_host(got).params, data["after_host"].params, **param_tol())
   assert _host(got_metrics)["nonfinite_skipped"] == 0.0
   got, got_metrics = checked(fresh(), bad)
   assert _host(got_metrics)["nonfinite_skipped"] == 1.0
@@ -548,8 +571,10 @@ def test_packed_batch_same_loss_aux_and_grads(data, name, aggregation):
   (loss_u, aux_u), grads_u = _loss_and_grads(data["params"], unpacked, loss_fn)
   (loss_p, aux_p), grads_p = _loss_and_grads(data["params"], packed, loss_fn)
   assert set(aux_u) == set(aux_p)
-  chex.assert_trees_all_close((loss_p, aux_p), (loss_u, aux_u), rtol=2e-5, atol=1e-6)
-  chex.assert_trees_all_close(grads_p, grads_u, rtol=1e-4, atol=1e-7)
+  for k in aux_u:
+    np.testing.assert_allclose(aux_p[k], aux_u[k], **step_tol(aux_u[k]), err_msg=k)
+  np.testing.assert_allclose(loss_p, loss_u, **step_tol(loss_u))
+  chex.assert_trees_all_close(grads_p, grads_u, **step_tol(grads_u))
   assert float(np.abs(loss_u)) > 1e-3 and aux_u["advantage_mean"] != 0.0
   if name == "grpo":
     assert 0.0 < aux_u["clip_fraction"] < 1.0  # both branches of the clip are exercised
@@ -572,9 +597,10 @@ def test_packed_train_step_with_microbatches_equals_unpacked(data, aggregation):
   _, after_p, metrics_p = run_one_step(mesh, data["params"], packed, loss_fn, k=2)
   assert set(metrics_p) == set(metrics_u)
   for key, want in metrics_u.items():
-    np.testing.assert_allclose(metrics_p[key], want, rtol=2e-5, atol=1e-6, err_msg=key)
-  chex.assert_trees_all_close(after_p.opt_state[0], after_u.opt_state[0], rtol=1e-4, atol=1e-7)
-  chex.assert_trees_all_close(after_p.params, after_u.params, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metrics_p[key], want, **step_tol(want), err_msg=key)
+  chex.assert_trees_all_close(after_p.opt_state[0], after_u.opt_state[0],
+                              **step_tol(after_u.opt_state[0]))
+  chex.assert_trees_all_close(after_p.params, after_u.params, **param_tol())
 
 
 @pytest.mark.slow
