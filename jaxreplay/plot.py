@@ -4,15 +4,22 @@
       --y eval/pass@1,reward_mean --out fig.png
   python -m jaxreplay.plot --runs 'runs/*' --group '(.*)_s\\d+' --out fig.png   # median + IQR
 
-One panel per y metric, one line per run (label = the run directory's name) or, with `--group`, one
+One panel per y metric, one line per run (label = the run directory's name, with as many parent
+directories as tell the runs apart: `pareto/replay_lr1x/seed0`) or, with `--group`, one
 line per group of runs whose names give the same regex match (its first group when it has one):
 the median over the group's runs with the inter-quartile band, on a common x grid (the overlap of
 the runs' x ranges) by linear interpolation.
+
+Axes are labelled in words with their units (`axis_label`: "compute (device-seconds)", "held-out
+pass@1 (T=0.1)", the temperature read from the runs' run_config.json); each panel has a title. A
+noisy per-step metric (`reward_mean` and the other training-batch means, `SMOOTHED`) is drawn as
+faint raw points under an exponential moving average (`ema`, its span stated in the legend).
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import re
 import sys
@@ -21,6 +28,72 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jaxreplay.infra.metric_writers import read_metrics
+
+
+# metric -> (words, unit or None); "{t1}" / "{tk}" are the evaluation temperatures of the runs.
+_LABELS = {
+    "compute_seconds": ("compute", "device-seconds"),
+    "sim/compute_seconds": ("simulated compute", "device-seconds"),
+    "compute/flops": ("compute", "FLOPs"),
+    "compute/generation_seconds": ("generation compute", "device-seconds"),
+    "compute/training_seconds": ("training compute", "device-seconds"),
+    "step": ("training step", None),
+    "time/wall_s": ("wall-clock time", "s"),
+    "tokens": ("training tokens", "tokens"),
+    "eval/pass@1": ("held-out pass@1", "T={t1}"),
+    "eval/pass@1_t1": ("held-out pass@1", "T={tk}"),
+    "eval/reward_mean": ("held-out reward", "mean over samples, T={t1}"),
+    "reward_mean": ("reward", "mean over the batch"),
+    "batch/reward_mean": ("reward of the trained batch", "mean over the batch"),
+    "loss": ("training loss", "per token"),
+    "entropy": ("entropy", "nats per token"),
+    "grad_norm": ("gradient norm", "global L2"),
+    "learning_rate": ("learning rate", None),
+}
+# Per-step training metrics noisy enough to be drawn as faint points under a smoothed line.
+SMOOTHED = ("reward_mean", "batch/reward_mean", "loss", "pg_loss", "entropy", "grad_norm",
+            "advantage_mean")
+EMA_SPAN = 20  # rows; the EMA's alpha = 2 / (span + 1)
+
+
+def eval_temperatures(run_dirs: Sequence[str]) -> dict[str, str]:
+  """{"t1", "tk"}: eval.temperature_pass1 / temperature_passk of the runs' run_config.json ("?"
+  when absent; "mixed" when the runs disagree)."""
+  found: dict[str, set] = {"t1": set(), "tk": set()}
+  for d in run_dirs:
+    try:
+      with open(os.path.join(d, "run_config.json")) as f:
+        ev = json.load(f).get("eval", {})
+    except (OSError, ValueError, AttributeError):
+      continue
+    for key, name in (("t1", "temperature_pass1"), ("tk", "temperature_passk")):
+      if isinstance(ev.get(name), (int, float)):
+        found[key].add(float(ev[name]))
+  return {k: (f"{next(iter(v)):g}" if len(v) == 1 else "mixed" if v else "?")
+          for k, v in found.items()}
+
+
+def axis_label(metric: str, temperatures: Optional[dict] = None) -> str:
+  """`metric` in words with its unit: "compute (device-seconds)", "held-out pass@1 (T=0.1)", ...;
+  an unknown metric is named as is (its "/" shown as ": ")."""
+  words, unit = _LABELS.get(metric, (metric.replace("/", ": "), None))
+  if unit is not None:
+    unit = unit.format(**{"t1": "?", "tk": "?", **(temperatures or {})})
+  return f"{words} ({unit})" if unit else words
+
+
+def ema(y: np.ndarray, span: int = EMA_SPAN) -> np.ndarray:
+  """Bias-corrected exponential moving average of `y` (alpha = 2 / (span + 1)): the first value is
+  y[0], not pulled towards 0."""
+  y = np.asarray(y, np.float64)
+  alpha = 2.0 / (span + 1.0)
+  out = np.empty_like(y)
+  num = den = 0.0
+  for i, v in enumerate(y):
+    num = (1 - alpha) * num + alpha * v
+    den = (1 - alpha) * den + alpha
+    out[i] = num / den
+  return out
 
 
 def load_series(run_dir: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
@@ -44,15 +117,19 @@ def load_series(run_dir: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
 def group_runs(run_dirs: Sequence[str], pattern: Optional[str]) -> dict[str, list[str]]:
   """{label: run dirs}; each run alone when `pattern` is None."""
   groups: dict[str, list[str]] = {}
+  if pattern is None:  # each run alone, named by the fewest trailing path parts that tell it apart
+    parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in run_dirs]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+      labels = ["/".join(p[-depth:]) for p in parts]
+      if len(set(labels)) == len(labels):
+        break
+    return {label: [d] for label, d in zip(labels, run_dirs)}
   for d in run_dirs:
     name = os.path.basename(os.path.normpath(d))
-    if pattern is None:
-      label = name
-    else:
-      m = re.search(pattern, name)
-      if m is None:
-        raise ValueError(f"--group {pattern!r} does not match run {name!r}")
-      label = m.group(1) if m.groups() else m.group(0)
+    m = re.search(pattern, name)
+    if m is None:
+      raise ValueError(f"--group {pattern!r} does not match run {name!r}")
+    label = m.group(1) if m.groups() else m.group(0)
     groups.setdefault(label, []).append(d)
   return groups
 
@@ -81,7 +158,8 @@ def plot_runs(run_dirs: Sequence[str], out: str, x: str = "compute_seconds",
               title: Optional[str] = None) -> dict[str, dict[str, dict[str, np.ndarray]]]:
   """Draws each metric in `ys` against `x` for the runs in `run_dirs` into the PNG `out`.
 
-  Returns what was drawn: {y: {label: {"x", "median", "q25", "q75"}}} (float64 arrays).
+  Returns what was drawn: {y: {label: {"x", "median", "q25", "q75"}}} (float64 arrays), plus
+  "smoothed" (the EMA drawn over the faint raw points) for the metrics in `SMOOTHED`.
   """
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top  (Agg, no pyplot)
 
@@ -91,26 +169,44 @@ def plot_runs(run_dirs: Sequence[str], out: str, x: str = "compute_seconds",
   drawn: dict[str, dict[str, dict[str, np.ndarray]]] = {}
   fig = Figure(figsize=(5.5 * len(ys), 4.0), layout="constrained")
   axes = fig.subplots(1, len(ys), squeeze=False)[0]
+  temps = eval_temperatures(run_dirs)
   for ax, y in zip(axes, ys):
     drawn[y] = {}
+    smooth = y in SMOOTHED
     for label, dirs in groups.items():
       agg = aggregate([load_series(d, x, y) for d in dirs])
       if not len(agg["x"]):
         continue
       drawn[y][label] = agg
       suffix = f" (n={len(dirs)})" if len(dirs) > 1 else ""
-      line, = ax.plot(agg["x"], agg["median"], label=label + suffix)
+      if smooth:
+        raw, = ax.plot(agg["x"], agg["median"], linestyle="none", marker=".", markersize=3,
+                       alpha=0.25)
+        agg["smoothed"] = ema(agg["median"])
+        ax.plot(agg["x"], agg["smoothed"], color=raw.get_color(),
+                label=f"{label}{suffix}: EMA over {EMA_SPAN} points (raw faint)")
+        color = raw.get_color()
+      else:
+        line, = ax.plot(agg["x"], agg["median"], label=label + suffix,
+                        marker="o" if len(agg["x"]) <= 30 else None, markersize=3)
+        color = line.get_color()
       if len(dirs) > 1:
-        ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=line.get_color(), alpha=0.25)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+        ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=color, alpha=0.1 if smooth else 0.2)
+    ax.set_xlabel(axis_label(x, temps))
+    ax.set_ylabel(axis_label(y, temps))
+    ax.set_title(f"{axis_label(y, temps).split(' (')[0]} vs {axis_label(x, temps).split(' (')[0]}"
+                 + (" (median and IQR over seeds)" if any(len(d) > 1 for d in groups.values())
+                    else ""), fontsize="medium")
     ax.grid(alpha=0.3)
     if drawn[y]:
       ax.legend(fontsize="small")
   if not any(drawn.values()):
     raise ValueError(f"no run has rows with both {x!r} and any of {list(ys)}")
-  if title:
-    fig.suptitle(title)
+  if not title:
+    names = list(groups)
+    title = "runs: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4
+                                               else "")
+  fig.suptitle(title)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, format="png", dpi=120)
   return drawn

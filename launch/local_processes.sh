@@ -7,7 +7,7 @@
 # Environment: CONFIG (configs/tiny.py), PORT (jax.distributed, 12355), SCHEDULE (async; simulated
 # runs every process's pipeline in lockstep), PLACEMENT (ray; local = worker threads / processes
 # of process 0), WORKERS (2 rollout workers). Logs: DIR/process_I.log.
-# tests/test_multiprocess.py runs it (and checks a lockstep run against a one-process run).
+# tests/integration/test_multiprocess.py runs it (and checks a lockstep run against a one-process run).
 set -euo pipefail
 n=${1:-2}; workdir=${2:-/tmp/jaxreplay_mp}; shift $(( $# > 2 ? 2 : $# ))
 config=${CONFIG:-configs/tiny.py}

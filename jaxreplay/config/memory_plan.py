@@ -109,7 +109,7 @@ def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: in
   gradient) unless flash attention. With model.remat the stream is kept per layer and one layer's
   working set exists at a time; without it every layer's is kept. Plus the log-prob chunk's f32
   logits [rows, chunk, V] three times. Calibrated against XLA's compiled temp bytes on CPU
-  (tests/test_memory_plan.py: within 1.5x either way). `dense_bias` (flash attention over packed
+  (tests/config/test_memory_plan.py: within 1.5x either way). `dense_bias` (flash attention over packed
   rows: cuDNN gets the segment mask as an additive bias): the bool mask [rows, T, T] kept for the
   backward, and one layer's bias and bias gradient [rows, 1, T, T] in the compute dtype.
   """

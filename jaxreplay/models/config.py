@@ -85,7 +85,7 @@ class ModelConfig:
     them when there are at most AUTO_UNROLL_LAYERS and no remat (small models: the loop's
     per-iteration overhead and the fusion it blocks cost ~15-25% of a CPU train step), else 1
     (compile time stays flat; under remat the rolled loop is what bounds the recomputed layers'
-    live memory: unrolled, XLA kept ~1.7x the temp bytes in tests/test_memory_plan.py)."""
+    live memory: unrolled, XLA kept ~1.7x the temp bytes in tests/config/test_memory_plan.py)."""
     if self.scan_unroll:
       return min(self.scan_unroll, self.num_hidden_layers)
     if self.remat or self.num_hidden_layers > AUTO_UNROLL_LAYERS:

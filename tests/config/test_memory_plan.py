@@ -1,0 +1,146 @@
+"""`--dry_run`'s memory plan and the GPU split, on 8 emulated CPU devices (see conftest.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from ml_collections import config_flags  # noqa: F401  (the configs import ml_collections)
+
+from jaxreplay.learner import batch as batch_lib
+from jaxreplay.config import devices
+from jaxreplay.config import memory_plan
+from jaxreplay.learner import optim
+from jaxreplay.infra import sharding
+from jaxreplay.learner import trainer
+from jaxreplay.config.defaults import base_config
+from jaxreplay.models import presets
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GPU_CONFIGS = ("qwen3_0_6b", "qwen3_8b", "qwen2_5_7b", "llama3_2_3b")
+SPLITS = ((5, 3), (6, 2), (4, 4))  # the paper's (W, T) on one 8-GPU node
+H200_GIB = 141.0
+
+
+def _config(name):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.parametrize("name", GPU_CONFIGS)
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"W{s[0]}T{s[1]}")
+def test_gpu_configs_fit_one_h200_node_at_the_papers_splits(name, split):
+  c = _config(name)
+  c.rollout.num_workers, c.trainer.num_devices = split
+  c.devices.memory_gib = H200_GIB
+  p = memory_plan.plan(c)
+  t = split[1]
+  assert p["devices"]["mesh"] == {"data": 1, "fsdp": t, "tensor": 1}
+  # Each device holds ~1/T of the parameters: nothing replicated (padding adds < 0.1%).
+  assert abs(p["params_fraction_per_device"] - 1 / t) < 0.01 / t, p["params_fraction_per_device"]
+  per = p["per_device_bytes"]
+  assert per["opt_state"] == pytest.approx(2 * per["params"], rel=1e-3)  # Adam's mu and nu in f32
+  assert set(per) >= {"params", "opt_state", "grads", "activations", "total"}
+  assert per["total"] == sum(v for k, v in per.items() if k != "total")
+  assert p["fits"], memory_plan.format_plan(p)
+
+
+def test_plan_does_not_fit_a_small_device():
+  c = _config("qwen3_8b")
+  c.devices.memory_gib = 40.0
+  p = memory_plan.plan(c)
+  assert p["fits"] is False
+  with pytest.raises(memory_plan.DoesNotFit, match="GiB per trainer device"):
+    memory_plan.check_fits(p)
+
+
+def test_batch_rule_names_valid_values():
+  c = _config("qwen3_8b")
+  c.trainer.num_microbatches = 15  # B=60 over 3 devices is 20 rows: 15 does not divide it
+  with pytest.raises(ValueError, match=r"1, 2, 4, 5, 10, 20"):
+    memory_plan.plan(c)
+
+
+def test_activation_estimate_against_xla():
+  """The plan's activations + grads against XLA's compiled temp bytes of the real train step."""
+  for remat in (False, True):
+    cfg = presets.qwen3_0_6b(num_hidden_layers=2, vocab_size=4096, hidden_size=512,
+                             intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4,
+                             remat=remat)
+    mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    opt = optim.make_optimizer(1e-5)
+    state = jax.eval_shape(lambda: trainer.init_train_state(cfg, opt, jax.random.PRNGKey(0),
+                                                            mesh=mesh))
+    step = trainer.make_train_step(cfg, opt, trainer.make_loss_fn("grpo"), mesh,
+                                   trainer.state_shardings(state, mesh), chunk_size=128)
+    rows, seq = 2, 512
+    spec = lambda dt, *shape: jax.ShapeDtypeStruct(shape, dt)
+    batch = batch_lib.Batch(
+        tokens=spec(np.int32, rows, seq), positions=spec(np.int32, rows, seq),
+        segment_ids=spec(np.int32, rows, seq), targets=spec(np.int32, rows, seq),
+        completion_mask=spec(np.float32, rows, seq), behaviour_logprobs=spec(np.float32, rows, seq),
+        advantages=spec(np.float32, rows), rewards=spec(np.float32, rows),
+        policy_version=spec(np.int32, rows))
+    temp = step.lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+    param_bytes = cfg.num_params() * 4
+    estimate = memory_plan.activation_bytes(cfg, rows, seq, 128) + 2 * param_bytes
+    assert temp / 1.5 <= estimate <= temp * 1.5, (remat, temp, estimate)
+
+
+def test_dry_run_command_writes_plan_json(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/qwen2_5_7b.py",
+         f"--workdir={tmp_path}", "--dry_run", "--config.task.path=/nonexistent.jsonl",
+         f"--config.devices.memory_gib={H200_GIB}"]
+  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  plan = json.load(open(tmp_path / "plan.json"))
+  assert plan["devices"]["trainer_devices"] == 3 and plan["fits"]
+  assert set(plan["per_device_bytes"]) >= {"params", "opt_state", "grads", "activations", "total"}
+  assert "per device" in out.stdout and "fits: True" in out.stdout
+  assert not [l for l in out.stderr.splitlines() if "Warning" in l or "WARNING" in l], out.stderr
+  small = subprocess.run(cmd[:-1] + ["--config.devices.memory_gib=24"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+  assert small.returncode == 3 and "DoesNotFit" in small.stderr, small.stderr[-2000:]
+
+
+def _gpu_config(**kw):
+  c = base_config()
+  c.rollout.backend = "vllm"
+  for k, v in kw.items():
+    section, key = k.split("__")
+    c[section][key] = v
+  return c
+
+
+def test_gpu_split_defaults_and_explicit():
+  c = _gpu_config(trainer__num_devices=3, rollout__num_workers=5)
+  gpus = tuple(str(i) for i in range(8))
+  s = devices.split_gpus(c, gpus)
+  assert s.trainer == ("0", "1", "2") and s.workers == ("3", "4", "5", "6", "7")
+  c = _gpu_config(trainer__num_devices=2, rollout__num_workers=3, devices__trainer="6,7",
+                  devices__workers="0,1,2")
+  s = devices.split_gpus(c, gpus)
+  assert s.trainer == ("6", "7") and [s.worker_gpus(i) for i in range(3)] == [("0",), ("1",), ("2",)]
+  env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+  devices.apply_to_environment(c, env)
+  assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["JAXREPLAY_WORKER_GPUS"] == "0,1,2"
+  assert devices.apply_to_environment(c, {"CUDA_VISIBLE_DEVICES": ""}) is None  # no GPU: no change
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(trainer__num_devices=3, devices__trainer="0,1"), "trainer.num_devices=2"),
+    (dict(trainer__num_devices=3, rollout__num_workers=6), "lower rollout.num_workers to 5"),
+    (dict(trainer__num_devices=2, devices__trainer="0,1", devices__workers="1,2"), "both"),
+    (dict(trainer__num_devices=2, devices__trainer="0,9"), "not visible"),
+    (dict(devices__trainer="0;1"), "comma-separated"),
+])
+def test_gpu_split_errors_name_the_fix(kw, match):
+  with pytest.raises(ValueError, match=match):
+    devices.split_gpus(_gpu_config(**kw), tuple(str(i) for i in range(8)))
