@@ -255,7 +255,7 @@ def test_segments_of_a_killed_run_are_removed_and_a_normal_exit_leaves_none(tmp_
 
 def test_pool_serves_at_the_held_version_until_the_newest_is_written():
   from concurrent.futures import Future  # pylint: disable=g-import-not-at-top
-  from tests.test_pool import Recorder, check_complete, make_pool  # pylint: disable=g-import-not-at-top
+  from test_pool import Recorder, check_complete, make_pool  # pylint: disable=g-import-not-at-top
   rec, workers = Recorder(), {}
   pool = make_pool(rec, workers, num_workers=1).start()
   try:
@@ -282,7 +282,7 @@ def test_pool_serves_at_the_held_version_until_the_newest_is_written():
 def test_pool_retries_a_superseded_load_at_the_newest_version():
   """A worker asked for version 1 whose slot was reused by 4 (the trainer published `keep` newer
   versions meanwhile) gets StaleWeights from its engine; it must load the newest, not fail."""
-  from tests.test_pool import FakeWorker, Recorder, check_complete  # pylint: disable=g-import-not-at-top
+  from test_pool import FakeWorker, Recorder, check_complete  # pylint: disable=g-import-not-at-top
   rec, workers, pool_box = Recorder(), {}, []
 
   class Superseded(FakeWorker):
@@ -330,7 +330,7 @@ def _generate_fixed(engine, sampling):
 def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
-  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)  # temperature 1: log-probs comparable with the JAX forward
   with ShmPublisher(TINY, "float32", keep=2) as shm, WeightPublisher(root=str(tmp_path)) as files:
@@ -377,7 +377,7 @@ def test_direct_cpu_load_equals_vllm_generic_reload(cfg, dtype):
   bf16 engines to bf16 rounding)."""
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
-  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   params = [models.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)
   tolerance = 1e-3 if dtype == "float32" else 5e-2
@@ -425,7 +425,7 @@ def test_worker_process_through_the_rollout_backend_uses_shm():
   require("vllm")
   from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
-  from tests.test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
   c = config_defaults.base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32
   assert c.rollout.weight_transport == "shm"
