@@ -87,8 +87,9 @@ class Schedule:
 
   @classmethod
   def from_parts(cls, parts) -> "Schedule":
-    """The schedule of a built run (`jaxreplay.run.build.Parts`)."""
-    raise NotImplementedError
+    """The schedule of a built run (`jaxreplay.run.build.Parts`); every schedule defines it."""
+    raise TypeError(f"{cls.__name__} does not define from_parts: a schedule builds itself from "
+                    "the run's parts (see SimulatedScheduler.from_parts)")
 
 
 @dataclasses.dataclass
