@@ -41,6 +41,9 @@ each rollout is used once and the trainer waits for fresh data. `consume_order="
 baseline, the default) pops the NEWEST B, `"fifo"` the oldest B. A queue that overflows drops its
 oldest rollouts (counted in "buffer/evicted").
 
+`set_newest_unused(True)` (the reuse controller at a replay ratio of 1) makes `sample` take the
+newest B never-used rollouts, as that queue would, while keeping everything held for later reuse.
+
 All methods are thread-safe (one lock and condition variable); `sample` blocks until enough
 rollouts are held, and `close()` wakes blocked samplers with `BufferClosedError`.
 """
@@ -202,6 +205,7 @@ class ReplayBuffer:
     self._seed = seed
     self._cond = threading.Condition(threading.Lock())
     self._closed = False
+    self._newest_unused = False
     self._last_batch_stats: Optional[dict[str, Any]] = None
     self._reset()
     self._rng = np.random.Generator(np.random.PCG64(seed))
@@ -397,7 +401,10 @@ class ReplayBuffer:
         raise BufferClosedError(
             f"ReplayBuffer closed while sample({batch_size}) waited (held {self._size()}): "
             "the pipeline is shutting down")
-      if self.consume:
+      newest_unused = self._newest_unused_slots(batch_size) if self._newest_unused else None
+      if newest_unused is not None:
+        slots = newest_unused
+      elif self.consume:
         if self.consume_order == "lifo":
           logical = self._recent_count - 1 - np.arange(batch_size)  # newest first
         else:
@@ -436,6 +443,26 @@ class ReplayBuffer:
         for s in slots.tolist():
           self._drop(s, evicted=False)
       return out
+
+  def set_newest_unused(self, on: bool) -> None:
+    """While on, `sample` takes the B newest never-used rollouts whenever at least B are held in
+    the recent region (the on-policy LIFO queue's batch, without removing anything, so the
+    rollouts stay available if reuse is raised again), and draws as configured otherwise. The
+    reuse controller switches it on while its replay ratio is 1 (`run.reuse`)."""
+    with self._cond:
+      self._newest_unused = bool(on)
+
+  @property
+  def newest_unused(self) -> bool:
+    return self._newest_unused
+
+  def _newest_unused_slots(self, batch_size: int) -> Optional[np.ndarray]:
+    """Slot ids of the `batch_size` newest never-used rollouts (newest first), or None when fewer
+    are held. O(held) (one vectorised pass over the recent ring)."""
+    logical = self._recent_count - 1 - np.arange(self._recent_count)  # newest first
+    ring = self._recent[(self._recent_head + logical) % self.n_recent]
+    unused = ring[self._slot_use[ring] == 0]
+    return unused[:batch_size] if unused.size >= batch_size else None
 
   def _draw(self, batch_size: int) -> np.ndarray:
     """Slot ids of a batch under the sampler options (module docstring), in draw order."""

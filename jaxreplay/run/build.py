@@ -291,7 +291,8 @@ def make_intake(c, task, codec, loss_fn):
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
   reuse_controller = reuse.ReuseController(reuse.ReuseSettings.from_config(c.buffer),
                                            c.buffer.batch_size,
-                                           c.rollout.prompts_per_request * c.rollout.group_size)
+                                           c.rollout.prompts_per_request * c.rollout.group_size,
+                                           buffer=buf)
   gate = None
   if reuse_controller.active:
     gate = lambda in_flight: reuse_controller.may_start_request(buf.total_added, in_flight)

@@ -63,7 +63,9 @@ Keys of a row, by source (units in brackets):
   controller/*                   the reuse controller (`jaxreplay.run.reuse`, buffer.reuse_control):
                                  controller/reuse_target (uses per rollout it paces to) every step;
                                  at its decisions controller/signal (batch / noise scale),
-                                 controller/guards_fired, controller/reason (words)
+                                 controller/guards_fired, controller/newest_unused (1 while
+                                 rho = 1: updates take the newest unused rollouts),
+                                 controller/reason (words)
   diag/*                         regime diagnostics (`jaxreplay.run.regime`), every
                                  log.diagnostics_every steps: diag/noise_scale (smoothed B_simple
                                  [rollouts]), diag/noise_scale_raw, diag/batch_over_noise_scale,

@@ -30,15 +30,21 @@ buffer.reuse_control:
                 behaviour KL (k3) above reuse_kl_max, the importance weights' ESS below
                 reuse_ess_min, or one update moving the policy by more than reuse_update_kl_max
                 (old rollouts go stale fast).
-              rho moves by at most 1.5x per decision and stays in [reuse_min, reuse_max]; every
-              decision is logged with its reason (controller/* keys, and a log line in words).
-The controller's state (rho, the rollouts the steps so far required) is checkpointed.
+              The first measurement (step 0) sets rho directly; after it rho moves by at most
+              1.5x per decision. rho stays in [reuse_min, reuse_max]; every decision is logged
+              with its reason (controller/* keys, and a log line in words).
+At a replay ratio of 1 (fixed reuse_target = 1, or adaptive at reuse_min = 1) each update takes the
+newest B never-used rollouts (`ReplayBuffer.set_newest_unused`): the on-policy LIFO queue's batch,
+whereas a uniform draw from N would train on rollouts ~N / (2B) versions old and leave others
+unused. Above 1 the buffer samples as configured (uniform, or with its positive bias).
+The controller's state (rho, the rollouts the steps so far required, the decisions taken) is
+checkpointed.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from absl import logging
 
@@ -94,12 +100,27 @@ class ReuseController:
   """Paces generation against training (module docstring). Thread-safe use: the gates are read by
   worker threads; the counters they read are the buffer's and the intake's (locked there)."""
 
-  def __init__(self, settings: ReuseSettings, batch_size: int, request_rollouts: int):
+  def __init__(self, settings: ReuseSettings, batch_size: int, request_rollouts: int,
+               buffer: Optional[Any] = None):
+    """buffer: the `ReplayBuffer` it paces; given, it is told to take the newest unused rollouts
+    while rho is 1 (module docstring)."""
     self.settings = settings
     self.batch_size, self.request_rollouts = int(batch_size), int(request_rollouts)
+    self.buffer = buffer
     self.rho = float(settings.target)
     self.required = float(batch_size)  # rollouts that must have been added for the next step
+    self.decisions = 0
     self.last: dict[str, Any] = {}
+    self._apply_sampling()
+
+  @property
+  def newest_unused(self) -> bool:
+    """Whether updates take the newest unused rollouts (rho = 1: on-policy batches)."""
+    return self.active and self.rho <= 1.0 + 1e-9
+
+  def _apply_sampling(self) -> None:
+    if self.buffer is not None and self.active:
+      self.buffer.set_newest_unused(self.newest_unused)
 
   @property
   def active(self) -> bool:
@@ -140,17 +161,27 @@ class ReuseController:
         want = min(want, self.rho) * GUARD_CUT
         reasons.append(f"{text} ({v:.3g}): stale, cut")
         fired += 1
-    new = min(max(want, self.rho / MAX_MOVE, s.reuse_min), self.rho * MAX_MOVE, s.reuse_max)
+    if self.decisions == 0:  # the first measurement sets rho: the start value was a guess
+      new = min(max(want, s.reuse_min), s.reuse_max)
+    else:
+      new = min(max(want, self.rho / MAX_MOVE, s.reuse_min), self.rho * MAX_MOVE, s.reuse_max)
     if abs(new - self.rho) > 1e-9:
       logging.info("reuse controller at step %d: rho %.3g -> %.3g (%s)", step, self.rho, new,
                    "; ".join(reasons))
     self.rho = new
+    self.decisions += 1
+    self._apply_sampling()
     self.last = {"controller/reuse_target": new, "controller/signal": signal,
-                 "controller/guards_fired": float(fired), "controller/reason": "; ".join(reasons)}
+                 "controller/guards_fired": float(fired),
+                 "controller/newest_unused": float(self.newest_unused),
+                 "controller/reason": "; ".join(reasons)}
     return dict(self.last)
 
   def state_dict(self) -> dict[str, float]:
-    return {"rho": self.rho, "required": self.required}
+    return {"rho": self.rho, "required": self.required, "decisions": float(self.decisions)}
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     self.rho, self.required = float(state["rho"]), float(state["required"])
+    # checkpoints from before the first-decision rule had decided at least once (step 0)
+    self.decisions = int(state.get("decisions", 1))
+    self._apply_sampling()

@@ -240,6 +240,10 @@ def _sync_grid() -> Sweep:
 
 
 LARGE_BATCH_CONFIG = "configs/scratchpad_large_batch.py"
+# The adaptive family: the reuse controller over the positive-bias buffer (the best fixed design of
+# the update-limited regime); at rho = 1 it trains on the newest unused rollouts (run.reuse).
+ADAPTIVE: tuple[tuple[str, Value], ...] = (("buffer.reuse_control", "adaptive"),
+                                           ("buffer.positive_fraction", 0.5))
 PARETO_LR_FACTORS = (1.0, 3.0, 10.0)
 
 
@@ -257,7 +261,7 @@ def _pareto() -> Sweep:
   the same rate; the summary reads each family's best rate and whether the grid brackets it."""
   families = (("onpolicy", ON_POLICY), ("replay", ()),
               ("posbias", (("buffer.positive_fraction", 0.5),)),
-              ("adaptive", (("buffer.reuse_control", "adaptive"),)),
+              ("adaptive", ADAPTIVE),
               # the off-policy screen's one candidate (issue 27: +0.024 pass@1 over replay)
               ("maxuses2", (("buffer.max_uses", 2),)))
   arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
@@ -279,7 +283,7 @@ def _stability() -> Sweep:
   the standard budget), replay and the adaptive controller at the same rates. The 1x and 3x
   on-policy / replay runs are those of fig1 and lr_sweep (identical configs run once)."""
   families = (("onpolicy", ON_POLICY), ("replay", ()),
-              ("adaptive", (("buffer.reuse_control", "adaptive"),)))
+              ("adaptive", ADAPTIVE))
   arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
                for f in STABILITY_LR_FACTORS)
   return Sweep("stability", "Issue 26 item 3: on-policy at the highest rate that does not collapse "

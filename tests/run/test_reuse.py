@@ -53,6 +53,12 @@ def test_gates_pace_the_replay_ratio(rho, workers):
 
 def test_adaptive_decisions_follow_the_signal_and_the_guards():
   ctl = reuse.ReuseController(_settings(), 64, 8)
+  out = ctl.decide({"diag/batch_over_noise_scale": 0.5}, step=0)  # the first sets rho directly
+  assert out["controller/reuse_target"] == pytest.approx(reuse.signal_target(0.5, 1.0, 4.0))
+  ctl = reuse.ReuseController(_settings(), 64, 8)
+  ctl.decide({"diag/batch_over_noise_scale": 1.0}, step=0)   # rho 3 (log-linear: 2 / 3 of the way)
+  assert ctl.rho == pytest.approx(3.0)
+  ctl.rho = 2.0
   out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/behaviour_kl_k3": 0.001,
                     "diag/is_ess": 0.99, "diag/update_kl": 1e-4}, step=10)
   assert out["controller/reuse_target"] == pytest.approx(3.0)  # wants 4, moves at most 1.5x
@@ -60,13 +66,61 @@ def test_adaptive_decisions_follow_the_signal_and_the_guards():
   out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/behaviour_kl_k3": 0.05}, step=20)
   assert out["controller/reuse_target"] == pytest.approx(2.0)  # stale: cut by a third
   assert out["controller/guards_fired"] == 1 and "behaviour KL" in out["controller/reason"]
+  assert out["controller/newest_unused"] == 0.0
   for _ in range(5):
     out = ctl.decide({"diag/batch_over_noise_scale": 0.05}, step=30)
   assert out["controller/reuse_target"] == 1.0  # noise-dominated: on-policy-like reuse
+  assert out["controller/newest_unused"] == 1.0
   state = ctl.state_dict()
   other = reuse.ReuseController(_settings(), 64, 8)
   other.load_state_dict(state)
-  assert other.rho == ctl.rho and other.required == ctl.required
+  assert (other.rho, other.required, other.decisions) == (ctl.rho, ctl.required, 8)
+  other.load_state_dict({"rho": 2.0, "required": 64.0})  # a checkpoint from before `decisions`
+  assert other.decisions == 1
+
+
+def _rollouts(uids, version=0):
+  return [Rollout(np.array([1]), np.array([2]), np.array([-1.0]), 0.0, 0.0, version, u)
+          for u in uids]
+
+
+def test_controller_at_rho_one_trains_on_the_newest_unused_like_the_lifo_queue():
+  """At rho = 1 the paced buffer's batches are the on-policy LIFO queue's batches (same uids, in
+  the same order) while it keeps everything; above 1 it samples uniformly again."""
+  b, request = 4, 2
+  buf = ReplayBuffer(16, seed=0)
+  queue = ReplayBuffer(16, seed=0, consume=True, consume_order="lifo")
+  ctl = reuse.ReuseController(_settings(), b, request, buffer=buf)
+  assert not buf.newest_unused                       # starts at reuse_target 2
+  ctl.decide({"diag/batch_over_noise_scale": 0.01}, step=0)
+  assert ctl.rho == 1.0 and buf.newest_unused        # first measurement: noise-dominated
+  uid = 0
+  for step in range(12):
+    while ctl.may_start_request(buf.total_added, 0):
+      buf.add(_rollouts(range(uid, uid + request), step))
+      queue.add(_rollouts(range(uid, uid + request), step))
+      uid += request
+    assert ctl.may_train(buf.total_added)
+    got = [r.uid for r in buf.sample(b, current_version=step)]
+    assert got == [r.uid for r in queue.sample(b)]
+    assert buf.last_batch_stats["use_count_max"] == 1
+    ctl.stepped()
+  assert len(buf) == 16                              # nothing removed, unlike the queue
+  ctl.rho = 1.2
+  ctl.decide({"diag/batch_over_noise_scale": 2.0}, step=12)
+  assert ctl.rho == pytest.approx(1.8) and not buf.newest_unused
+
+
+def test_newest_unused_falls_back_to_the_configured_draw():
+  buf = ReplayBuffer(8, seed=0)
+  buf.add(_rollouts(range(6)))
+  buf.set_newest_unused(True)
+  assert [r.uid for r in buf.sample(3)] == [5, 4, 3]
+  assert [r.uid for r in buf.sample(3)] == [2, 1, 0]
+  ref = ReplayBuffer(8, seed=0)
+  ref.add(_rollouts(range(6)))
+  # none unused: the configured uniform draw, whose generator the newest-unused batches left alone
+  assert [r.uid for r in buf.sample(3)] == [r.uid for r in ref.sample(3)]
 
 
 def test_off_and_fixed_do_not_decide():
