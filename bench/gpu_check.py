@@ -131,7 +131,7 @@ def write_model(args, root: str) -> str:
   """Random weights (Qwen3-0.6B shapes, or tiny for --cpu_smoke) + a character tokenizer -> HF dir."""
   c = config_defaults.base_config()
   c.task.name, c.task.num_digits = "arithmetic", (1, 3)
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   tok_dir = os.path.join(root, "tokenizer")
   tasks.build_char_tokenizer(task.charset, tok_dir)
   task.close()

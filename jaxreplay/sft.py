@@ -154,7 +154,7 @@ def main(argv):
   noise = noise_kwargs(s, config.task.name)
   config.model.path = ""  # train the preset from scratch (model.path is usually this run's output)
   config.model.tokenizer = ""
-  task = build.make_task(config)
+  task = build.make_task(config.task)
   with tempfile.TemporaryDirectory() as workdir:
     codec, tok_dir = build.load_codec(config, task, workdir)  # a character tokenizer of the task
     model_cfg = build.model_config(config, codec)

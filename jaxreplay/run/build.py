@@ -70,9 +70,8 @@ def check_vllm_available() -> None:
                      "--config.rollout.backend=jax")
 
 
-def make_task(c):
-  """The config's task (`tasks.make_task` with the task.* keys)."""
-  t = c.task
+def make_task(t):
+  """The task of a config's task section `t` (config.task: `tasks.make_task` with its keys)."""
   if t.name == "arithmetic":
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
   elif t.name == "scratchpad":
@@ -310,7 +309,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   resolve_eval_backend(c)
   if c.rollout.backend == "vllm":
     check_vllm_available()
-  task = make_task(c)
+  task = make_task(c.task)
   stack.callback(task.close)
   codec, tok_dir = load_codec(c, task, workdir)
   model_cfg = model_config(c, codec)

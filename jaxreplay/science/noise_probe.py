@@ -143,7 +143,7 @@ class Parts:
 def build_parts(c, workdir: str) -> Parts:
   """Task, codec, model (warm-start), one-device mesh, train state and step, from config `c`."""
   validation.validate_config(c)
-  task = build_lib.make_task(c)
+  task = build_lib.make_task(c.task)
   codec, _ = build_lib.load_codec(c, task, workdir)
   model_cfg = build_lib.model_config(c, codec)
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])

@@ -98,7 +98,7 @@ EVAL_PROBLEMS = 1024
 def _task_holds(task_json: str, n: int) -> bool:
   """Whether the task of these task.* settings has `n` distinct held-out problems."""
   from jaxreplay.run import build  # pylint: disable=g-import-not-at-top  (jax: only when planning)
-  task = build.make_task(ml_collections.ConfigDict({"task": json.loads(task_json)}))
+  task = build.make_task(ml_collections.ConfigDict(json.loads(task_json)))
   try:
     task.eval_set(n)
     return True

@@ -159,7 +159,7 @@ def test_vllm_eval_runs_on_the_engine_and_matches_the_jax_sampler(tmp_path, monk
   assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 2]
 
   # The same greedy pass@1 from the trainer's JAX sampler on the same weights.
-  task = build_lib.make_task(c)
+  task = build_lib.make_task(c.task)
   codec, _ = build_lib.load_codec(c, task, workdir)
   problems = task.eval_set(c.eval.num_problems)
   for step, hf_dir in ((0, c.model.path), (2, os.path.join(workdir, "hf"))):

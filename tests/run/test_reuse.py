@@ -12,6 +12,7 @@ import pytest
 from jaxreplay.data.buffer import ReplayBuffer
 from jaxreplay.learner.batch import Rollout
 from jaxreplay.run import reuse
+import tiny_runs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -165,7 +166,7 @@ def test_fixed_reuse_run_reaches_its_target_and_adaptive_logs_its_decisions(tmp_
                     f"--workdir={wd}", "--config.rollout.backend=jax", "--config.total_steps=20",
                     "--config.eval.every=0", "--config.eval.num_problems=16",
                     "--config.checkpoint.every=0", *flags], cwd=REPO, check=True, timeout=600,
-                   capture_output=True)
+                   capture_output=True, env=tiny_runs.ENV)
     return [json.loads(l) for l in open(wd / "metrics.jsonl")]
   rows = run("fixed", "--config.buffer.reuse_control=fixed", "--config.buffer.reuse_target=1.5")
   last = rows[-1]

@@ -250,7 +250,7 @@ def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
   c.task.reward_fn = "reward_plugins:digits"
   c.task.num_reward_workers = 3
   validation.validate_config(c)
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   try:
     assert [p.answer for p in task.heldout] == ["10"] and len(task.train) == 2
     assert task.heldout_sources == [f"{tmp_path / 'eval.jsonl'}:1"]

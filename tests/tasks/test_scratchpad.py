@@ -149,7 +149,7 @@ def test_noisy_teacher():
 
 def test_config_builds_the_task_and_sft_noise():
   c = _config()
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   assert isinstance(task, sp.ScratchpadAdditionTask)
   assert task.num_digits == tuple(c.task.num_digits)
   assert c.rollout.max_tokens >= task.max_completion_tokens()
@@ -176,7 +176,7 @@ def test_warm_start_tokenizer_matches_model_and_task(warm_start):
   tasks.check_tokenizer_matches_model(codec, cfg)
   c = _config()
   assert cfg.num_hidden_layers == models.presets.PRESETS[c.model.preset]().num_hidden_layers
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   for p in task.eval_set(16):
     assert codec.decode(codec.encode_prompt(p.prompt)) == p.prompt
     assert codec.decode(codec.encode(p.answer, add_bos=False)) == p.answer
@@ -187,7 +187,7 @@ def test_warm_start_tokenizer_matches_model_and_task(warm_start):
 def test_warm_start_greedy_accuracy_in_documented_range(warm_start):
   cfg, params, codec = warm_start
   c = _config()
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   problems = task.eval_set(512)
   right = greedy_exact_match(cfg, params, codec, [(p.prompt, p.answer) for p in problems],
                              c.model.max_len)

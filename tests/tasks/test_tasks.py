@@ -313,7 +313,7 @@ def test_build_accepts_num_digits_5_and_names_bad_task_keys():
   c = base_config()
   c.task.num_digits = (5,)  # as --config.task.num_digits=5 sets it
   validation.validate_config(c)
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   assert task.num_digits == (5, 5)
   task.close()
   c.task.num_digits = (0, 3)

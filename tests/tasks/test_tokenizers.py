@@ -203,7 +203,7 @@ def test_build_accepts_the_models_tokenizers(family, qwen3_dir, llama_dir, tmp_p
                           + "\n" for i in range(40)))
   c = _config(model_dir, str(data))
   validation.validate_config(c)
-  task = build.make_task(c)
+  task = build.make_task(c.task)
   try:
     codec, tok_dir = build.load_codec(c, task, str(tmp_path))
     assert tok_dir == model_dir and codec.use_chat_template
