@@ -22,12 +22,12 @@ SHORT = [
     "--config.rollout.backend=jax",  # tiny.py says auto; the vLLM tests override this
 ]
 
-# Every compiled program is cached (JAX's default keeps only those that took >= 1 s to compile):
-# a warm tiny run then spends ~8 s of CPU instead of ~10 s (~25 s cold).
-ENV = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
-           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-           JAX_COMPILATION_CACHE_DIR=os.environ.get(
-               "JAXREPLAY_TEST_JAX_CACHE", os.path.join(tempfile.gettempdir(), "jaxreplay-test-jax-cache")))
+# Under pytest, tests/conftest.py has already set the session's cache (every compiled program);
+# setdefault keeps it and gives the same cache to a script that imports this module alone.
+ENV = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+ENV.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get(
+    "JAXREPLAY_TEST_JAX_CACHE", os.path.join(tempfile.gettempdir(), "jaxreplay-test-jax-cache")))
+ENV.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Keys that legitimately differ between two runs of one config: wall-clock timings and measured
 # (not simulated) compute.

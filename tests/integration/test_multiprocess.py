@@ -30,8 +30,7 @@ def _free_port() -> int:
 def _launch(workdir, devices, *extra, process=None, port=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"],
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"])
   cmd = [sys.executable, "-m", "jaxreplay.launch", f"--config={REPO}/configs/tiny.py",
          f"--workdir={workdir}", *ARGS, *extra]
   if process is not None:
@@ -103,8 +102,7 @@ def test_async_over_two_processes_with_ray_workers_one_killed(tmp_path):
   workdir = str(tmp_path / "ray")
   env = dict(os.environ, PORT=str(_free_port()),
              PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"],
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+             JAX_COMPILATION_CACHE_DIR=ENV["JAX_COMPILATION_CACHE_DIR"])
   args = [a for a in ARGS if "mesh_shape" not in a]  # the script sets it (tuples append)
   script = subprocess.Popen(["bash", "launch/local_processes.sh", "2", workdir, *args,
                              "--config.total_steps=24", "--config.checkpoint.every=8"],
