@@ -165,7 +165,9 @@ def test_vllm_async_worker_processes(tmp_path):
   one engine process killed with SIGKILL mid-run is replaced and the run finishes."""
   require("vllm")
   workdir = str(tmp_path / "vllm_async")
-  total = 12
+  # Steps enough for the killed engine's replacement to start (vLLM start-up ~20 s on CPU) before
+  # the run ends: with 12, a warm-cache trainer finished first once and no restart was counted.
+  total = 24
   env = dict(ENV)
   proc = subprocess.Popen(
       launch_cmd(workdir, "--config.rollout.backend=vllm", "--config.scheduler.kind=async",
