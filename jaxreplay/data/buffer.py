@@ -13,28 +13,9 @@ Regions (`positive_fraction = delta`):
   positive  up to n_positive = floor(delta * N) rollouts with reward > 0 that have left the recent
             region (FIFO): a rollout evicted from the recent region moves here if its reward is > 0
             (evicting the oldest positive when full); a non-positive one is dropped.
-Sampling is uniform over everything held (both regions), unless a sampler option is set:
-
-Samplers (`buffer.priority`, `buffer.max_uses`, `buffer.replace_zero_variance`; combinable with
-each other and with the positive bias, which only decides what is held):
-  priority="fresh"        rollout i is drawn with priority w_i = exp(-age_i / fresh_tau), age_i =
-                          current_version - policy_version_i in updates (FreshPER-style age decay;
-                          the normalised distribution depends only on version differences, so
-                          current_version does not matter and defaults to the newest held).
-  max_uses=k > 0          a rollout leaves the buffer right after its k-th use ("buffer/retired").
-  replace_zero_variance   rollouts of groups whose rewards are all equal (no GRPO signal) are not
-                          drawn while others are: the batch takes its B rollouts from the other
-                          groups when they hold >= B, else all of those plus B - n from the
-                          zero-variance ones (DAPO's dynamic sampling, arXiv 2503.14476 section 3.2,
-                          without extra generation). A group's rewards are those of every member
-                          added while any member is held.
-The exact distribution of a weighted draw of B distinct rollouts is successive sampling
-(Plackett-Luce, `random.sample` with weights): the first is drawn with probability w_i / sum_j w_j,
-each next one from those not yet drawn in proportion to their weights; implemented by Gumbel-top-k
-(the B largest log w_i + G_i, G_i iid standard Gumbel, in decreasing order), which has exactly this
-distribution (Yellott 1977; Kool, van Hoof, Welling, arXiv 1903.06059). Uniform draws
-(priority="uniform") use numpy's `choice(..., replace=False)` as without the options, so a run with
-every sampler option at its default draws the same batches as before issue 27.
+Sampling is uniform over everything held (both regions), unless a sampler option is set
+(`buffer.priority`, `buffer.max_uses`, `buffer.replace_zero_variance`: see `data.samplers`, which
+holds the draws and their exact distributions). The checkpoint format is in `data.buffer_state`.
 
 `consume=True` turns the buffer into the on-policy baseline's queue: `sample` pops B rollouts, so
 each rollout is used once and the trainer waits for fresh data. `consume_order="lifo"` (the paper's
@@ -57,88 +38,23 @@ from typing import Any, Iterable, Optional, Union
 
 import numpy as np
 
+from jaxreplay.data import buffer_state
+from jaxreplay.data import samplers
+from jaxreplay.data.buffer_keys import (  # noqa: F401 (re-exported)
+    BATCH_KEYS, HELD_STALENESS_KEYS, MAX_USES_KEYS,
+    METRIC_KEYS, STALENESS_KEYS, ZERO_VARIANCE_KEYS)
+from jaxreplay.data.samplers import (PRIORITIES, sampler_options,  # noqa: F401 (re-exported)
+                                     successive_sampling)
 from jaxreplay.learner.batch import Rollout  # re-exported: `buffer.Rollout` is public
 
-# Keys `ReplayBuffer.metrics` always returns (floats).
-METRIC_KEYS = (
-    "buffer/size",                  # rollouts held (both regions)
-    "buffer/capacity",              # N
-    "buffer/fill",                  # size / capacity
-    "buffer/recent_size",           # rollouts in the recent (FIFO) region
-    "buffer/positive_size",         # rollouts in the positive-bias region
-    "buffer/total_added",           # rollouts ever added
-    "buffer/total_sampled",         # rollout-uses ever returned by `sample` (sum of batch sizes)
-    "buffer/replay_ratio",          # total_sampled / total_added: B/R over the run
-    "buffer/evicted",               # rollouts dropped from the buffer
-    "buffer/promoted",              # rollouts moved from the recent to the positive region
-    "buffer/consumed",              # rollouts removed by `sample` (consume=True only)
-    "buffer/use_count_mean",        # mean use count over evicted and held rollouts
-    "buffer/evicted_use_count_mean",  # mean uses over a whole life (evicted rollouts; 0 if none)
-    "buffer/held_use_count_mean",   # mean use count of the rollouts held now (0 if empty)
-    "buffer/evicted_unused",        # rollouts evicted without ever being sampled (wasted generation)
-    "buffer/never_used_fraction",   # (evicted unused + held unused) / total_added: the share of the
-                                    # generated rollouts not trained on (so far; exact at the end)
-)
-# Keys about the last sampled batch, present once a batch was sampled.
-BATCH_KEYS = (
-    "buffer/batch_use_count_mean",  # use counts of the batch's rollouts, this use included
-    "buffer/batch_use_count_max",
-)
-# Keys present when the last batch was sampled with `current_version=`: its staleness
-# (current_version - policy_version, in policy versions).
-STALENESS_KEYS = (
-    "buffer/staleness_mean",
-    "buffer/staleness_max",
-    "buffer/staleness_min",
-)
-# Keys present when `metrics(current_version=...)` is given: staleness of everything held.
-HELD_STALENESS_KEYS = (
-    "buffer/held_staleness_mean",
-    "buffer/held_staleness_max",
-)
-# Keys present with max_uses > 0.
-MAX_USES_KEYS = (
-    "buffer/retired",               # rollouts removed after their max_uses-th use
-)
-# Keys present with replace_zero_variance.
-ZERO_VARIANCE_KEYS = (
-    "buffer/zero_variance_fraction",  # share of held rollouts whose group's rewards are all equal
-    "buffer/batch_zero_variance_fraction",  # the same share in the last batch (once sampled)
-)
-
 CONSUME_ORDERS = ("lifo", "fifo")
-PRIORITIES = ("uniform", "fresh")  # buffer.priority
-_STATE_FORMAT = 1
-_STATE_KEYS = (
-    "format", "capacity", "positive_fraction", "consume", "recent_count", "positive_count",
-    "next_uid", "total_added", "total_sampled", "evicted", "evicted_use_count_sum", "promoted",
-    "consumed", "rng_state", "uid", "use_count", "reward", "advantage", "policy_version",
-    "group_id", "prompt_len", "completion_len", "prompt_tokens", "completion_tokens", "logprobs",
-)
-# Keys added by issue 27; a state without them (an older checkpoint) loads with: no rollout
-# retired, and each held group's reward range taken from its held members.
-_OPTIONAL_STATE_KEYS = ("retired", "retired_use_count_sum", "group_stats_id", "group_stats_min",
-                        "group_stats_max")
-_U64 = (1 << 64) - 1
+_STATE_FORMAT = buffer_state.STATE_FORMAT  # old names, kept for callers and tests
+_STATE_KEYS = buffer_state.STATE_KEYS
+_OPTIONAL_STATE_KEYS = buffer_state.OPTIONAL_STATE_KEYS
 
 
 class BufferClosedError(RuntimeError):
   """Raised by `sample`/`add` after `ReplayBuffer.close()` (the pipeline is shutting down)."""
-
-
-def sampler_options(buffer_config: Any) -> dict[str, Any]:
-  """`ReplayBuffer`'s sampler keyword options from the config's `buffer` section."""
-  return {"priority": str(buffer_config.get("priority", "uniform")),
-          "fresh_tau": float(buffer_config.get("fresh_tau", 4.0)),
-          "max_uses": int(buffer_config.get("max_uses", 0)),
-          "replace_zero_variance": bool(buffer_config.get("replace_zero_variance", False))}
-
-
-def successive_sampling(rng: np.random.Generator, log_weights: np.ndarray, k: int) -> np.ndarray:
-  """k distinct indices of `log_weights` [n] drawn by successive sampling (module docstring), in
-  draw order: the k largest log_weights + Gumbel noise (Gumbel-top-k). int64 [k]."""
-  keys = np.asarray(log_weights, np.float64) + rng.gumbel(size=len(log_weights))
-  return np.argsort(-keys, kind="stable")[:k].astype(np.int64)
 
 
 def _region_sizes(capacity: int, positive_fraction: float) -> tuple[int, int]:
@@ -185,16 +101,7 @@ class ReplayBuffer:
                        "set positive_fraction=0")
     if consume_order not in CONSUME_ORDERS:
       raise ValueError(f"consume_order={consume_order!r}; expected one of {CONSUME_ORDERS}")
-    if priority not in PRIORITIES:
-      raise ValueError(f"priority={priority!r}; expected one of {PRIORITIES}")
-    if not 0.0 < float(fresh_tau) < math.inf:
-      raise ValueError(f"fresh_tau={fresh_tau} must be > 0 [updates] (priority exp(-age / tau))")
-    if isinstance(max_uses, bool) or int(max_uses) != max_uses or max_uses < 0:
-      raise ValueError(f"max_uses={max_uses!r} must be an int >= 0 (0 = no cap)")
-    if consume and (priority != "uniform" or max_uses or replace_zero_variance):
-      raise ValueError("consume=True (the on-policy queue) uses each rollout once, newest or oldest "
-                       "first: priority, max_uses and replace_zero_variance do not apply; leave "
-                       "them at 'uniform', 0, False")
+    samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume)
     self.priority, self.fresh_tau = priority, float(fresh_tau)
     self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
     self.capacity = int(capacity)
@@ -460,35 +367,16 @@ class ReplayBuffer:
     """Slot ids of the `batch_size` newest never-used rollouts (newest first), or None when fewer
     are held. O(held) (one vectorised pass over the recent ring)."""
     logical = self._recent_count - 1 - np.arange(self._recent_count)  # newest first
-    ring = self._recent[(self._recent_head + logical) % self.n_recent]
-    unused = ring[self._slot_use[ring] == 0]
-    return unused[:batch_size] if unused.size >= batch_size else None
+    return samplers.newest_unused(self._recent[(self._recent_head + logical) % self.n_recent],
+                                  self._slot_use, batch_size)
 
   def _draw(self, batch_size: int) -> np.ndarray:
     """Slot ids of a batch under the sampler options (module docstring), in draw order."""
-    size = self._size()
-    slots = self._logical_slots(np.arange(size, dtype=np.int64))
-    if self.priority == "fresh":
-      versions = self._slot_version[slots]
-      log_w = (versions - versions.max()).astype(np.float64) / self.fresh_tau
-    else:
-      log_w = None
-
-    def draw(pool: np.ndarray, k: int) -> np.ndarray:
-      if k == 0:
-        return pool[:0]
-      if log_w is None:
-        return pool[self._rng.choice(pool.size, size=k, replace=False)]
-      return pool[successive_sampling(self._rng, log_w[pool], k)]
-
-    everything = np.arange(size, dtype=np.int64)
-    if not self.replace_zero_variance:
-      return slots[draw(everything, batch_size)]
-    zero = self._zero_variance(slots)
-    informative, rest = everything[~zero], everything[zero]
-    if informative.size >= batch_size:
-      return slots[draw(informative, batch_size)]
-    return slots[np.concatenate([informative, draw(rest, batch_size - informative.size)])]
+    slots = self._logical_slots(np.arange(self._size(), dtype=np.int64))
+    log_w = (samplers.fresh_log_weights(self._slot_version[slots], self.fresh_tau)
+             if self.priority == "fresh" else None)
+    zero = self._zero_variance(slots) if self.replace_zero_variance else None
+    return samplers.draw_slots(self._rng, slots, batch_size, log_weights=log_w, zero_variance=zero)
 
   @property
   def last_batch_stats(self) -> Optional[dict[str, Any]]:
@@ -589,14 +477,8 @@ class ReplayBuffer:
     with self._cond:
       items = [self._items[s] for s in
                self._logical_slots(np.arange(self._size(), dtype=np.int64)).tolist()]
-      rng = self._rng.bit_generator.state
-      st, inc = rng["state"]["state"], rng["state"]["inc"]
-
-      def cat(arrays, dtype):
-        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
-
       return {
-          "format": _STATE_FORMAT,
+          "format": buffer_state.STATE_FORMAT,
           "capacity": self.capacity,
           "positive_fraction": self.positive_fraction,
           "consume": int(self.consume),
@@ -616,31 +498,20 @@ class ReplayBuffer:
           "group_stats_id": np.array(list(self._groups), np.int64),
           "group_stats_min": np.array([g[0] for g in self._groups.values()], np.float64),
           "group_stats_max": np.array([g[1] for g in self._groups.values()], np.float64),
-          "rng_state": np.array([st >> 64, st & _U64, inc >> 64, inc & _U64,
-                                 rng["has_uint32"], rng["uinteger"]], np.uint64),
-          "uid": np.array([r.uid for r in items], np.int64),
-          "use_count": np.array([r.use_count for r in items], np.int64),
-          "reward": np.array([r.reward for r in items], np.float64),
-          "advantage": np.array([r.advantage for r in items], np.float64),
-          "policy_version": np.array([r.policy_version for r in items], np.int64),
-          "group_id": np.array([r.group_id for r in items], np.int64),
-          "prompt_len": np.array([r.prompt_tokens.shape[0] for r in items], np.int64),
-          "completion_len": np.array([r.completion_tokens.shape[0] for r in items], np.int64),
-          "prompt_tokens": cat([r.prompt_tokens for r in items], np.int32),
-          "completion_tokens": cat([r.completion_tokens for r in items], np.int32),
-          "logprobs": cat([r.logprobs for r in items], np.float32),
+          "rng_state": buffer_state.rng_to_words(self._rng),
+          **buffer_state.rollouts_to_arrays(items),
       }
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Restores `state_dict()` output; capacity, positive_fraction and consume (with its order)
     must match. The sampler options are this buffer's own (they may change across a resume); a
     state from before them (no retired count, no group reward ranges) loads too."""
-    missing = sorted(set(_STATE_KEYS) - set(state))
+    missing = sorted(set(buffer_state.STATE_KEYS) - set(state))
     if missing:
       raise ValueError(f"buffer state is missing keys {missing}: not a ReplayBuffer.state_dict()")
     scalar = lambda k: np.asarray(state[k]).item()
-    if int(scalar("format")) != _STATE_FORMAT:
-      raise ValueError(f"buffer state format {scalar('format')} != {_STATE_FORMAT}")
+    if int(scalar("format")) != buffer_state.STATE_FORMAT:
+      raise ValueError(f"buffer state format {scalar('format')} != {buffer_state.STATE_FORMAT}")
     state = {"consume_lifo": 0, **state}  # checkpoints from before LIFO queues were FIFO
     checks = [("capacity", self.capacity), ("positive_fraction", self.positive_fraction),
               ("consume", int(self.consume))]
@@ -655,33 +526,8 @@ class ReplayBuffer:
     if not (0 <= n_recent <= self.n_recent and 0 <= n_pos <= self.n_positive):
       raise ValueError(f"buffer state holds {n_recent} recent / {n_pos} positive rollouts, more "
                        f"than the regions' {self.n_recent} / {self.n_positive} slots")
-    per_item = ("uid", "use_count", "reward", "advantage", "policy_version", "group_id",
-                "prompt_len", "completion_len")
-    arrays = {k: np.asarray(state[k]) for k in per_item}
-    for k, a in arrays.items():
-      if a.shape != (held,):
-        raise ValueError(f"buffer state {k!r} has shape {a.shape}, expected ({held},)")
-    plen, clen = arrays["prompt_len"], arrays["completion_len"]
-    ptok = np.asarray(state["prompt_tokens"])
-    ctok = np.asarray(state["completion_tokens"])
-    lps = np.asarray(state["logprobs"])
-    if ptok.shape != (int(plen.sum()),) or ctok.shape != (int(clen.sum()),) or lps.shape != ctok.shape:
-      raise ValueError("buffer state token arrays do not match prompt_len / completion_len")
-    p_off = np.concatenate([[0], np.cumsum(plen)])
-    c_off = np.concatenate([[0], np.cumsum(clen)])
-    items = []
-    for i in range(held):
-      items.append(Rollout(
-          prompt_tokens=ptok[p_off[i]:p_off[i + 1]].copy(),
-          completion_tokens=ctok[c_off[i]:c_off[i + 1]].copy(),
-          logprobs=lps[c_off[i]:c_off[i + 1]].copy(),
-          reward=float(arrays["reward"][i]), advantage=float(arrays["advantage"][i]),
-          policy_version=int(arrays["policy_version"][i]), group_id=int(arrays["group_id"][i]),
-          uid=int(arrays["uid"][i]), use_count=int(arrays["use_count"][i])))
-    words = [int(w) for w in np.asarray(state["rng_state"], np.uint64)]
-    rng_state = {"bit_generator": "PCG64",
-                 "state": {"state": (words[0] << 64) | words[1], "inc": (words[2] << 64) | words[3]},
-                 "has_uint32": words[4], "uinteger": words[5]}
+    items = buffer_state.rollouts_from_arrays(state, held)
+    rng = buffer_state.rng_from_words(state["rng_state"])
     with self._cond:
       self._reset()
       for i, item in enumerate(items):
@@ -711,7 +557,6 @@ class ReplayBuffer:
             g[0], g[1] = min(g[0], float(lo)), max(g[1], float(hi))
       # A checkpoint from before the counter: its evicted rollouts' uses are unknown, counted as 0.
       self._evicted_unused = int(state["evicted_unused"]) if "evicted_unused" in state else 0
-      self._rng = np.random.Generator(np.random.PCG64())
-      self._rng.bit_generator.state = rng_state
+      self._rng = rng
       self._last_batch_stats = None
       self._cond.notify_all()
