@@ -382,7 +382,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                  gen_seconds_per_rollout=gen_seconds_per_rollout),
       telemetry=TelemetryParts(
           accountant=accountant, writer=writer, regime=regime_diagnostics,
-          metrics=run_metrics.RunMetrics(c, buf, accountant, task, intake, sim_state, mismatch)),
+          metrics=run_metrics.RunMetrics.from_config(c, buf, accountant, task, intake, sim_state,
+                                                     mismatch)),
       checkpointer=checkpointer, resumed_host=resumed_host)
 
 

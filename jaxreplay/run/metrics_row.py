@@ -80,8 +80,9 @@ Keys of a row, by source (units in brackets):
 """
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import logging
 import numpy as np
@@ -176,16 +177,22 @@ class RunMetrics:
   """Builds each step's row from the run's parts (see the module docstring for the keys).
 
   Args:
-    config: the run config (schedule kind, W, T, mu).
     buffer, accountant, task, intake: the run's parts whose metrics enter the row.
-    sim_state: the simulated schedule's clock (read only under scheduler.kind="simulated").
+    sim_state: the virtual clock of a schedule with virtual time (simulated, sync).
     mismatch: the log-prob probe whose latest comparison enters each row.
+    group_size: rollouts per prompt (G), for diag/zero_variance_fraction.
+    mu: the schedule's mu (scheduler.mu: generation over training cost per rollout).
+    gamma: sim_state -> the compute per update over the on-policy baseline's, for a schedule with
+      virtual time; None for one without (async: the compute is measured, no sim/* keys).
+  `RunMetrics.from_config(config, ...)` reads group_size, mu and gamma off a run config.
   `pool_metrics` (() -> the worker pool's metrics) is set by the async schedule; `timing` holds the
   wall seconds of the current step's phases.
   """
 
-  def __init__(self, config, buffer, accountant, task, intake, sim_state, mismatch: MismatchProbe):
-    self.config, self.buffer, self.accountant = config, buffer, accountant
+  def __init__(self, buffer, accountant, task, intake, sim_state, mismatch: MismatchProbe, *,
+               group_size: int, mu: float, gamma: Optional[Callable[[Any], float]]):
+    self.buffer, self.accountant = buffer, accountant
+    self.group_size, self.mu, self.gamma = int(group_size), float(mu), gamma
     self.task, self.intake, self.sim_state, self.mismatch = task, intake, sim_state, mismatch
     self.pool_metrics: Callable[[], dict[str, float]] = dict
     self.timing = {"sample_s": 0.0, "collate_s": 0.0, "step_s": 0.0, "publish_s": 0.0}
@@ -194,6 +201,16 @@ class RunMetrics:
     self._offsets: dict[str, float] = {}  # reward/* and pool/* counts before a resume
     self._data = {"data/skipped_rows": float(getattr(task, "skipped_rows", 0)),
                   "data/skipped_eval_rows": float(getattr(task, "skipped_eval_rows", 0))}
+
+  @classmethod
+  def from_config(cls, config, buffer, accountant, task, intake, sim_state,
+                  mismatch: MismatchProbe) -> "RunMetrics":
+    """The row builder of a run with `config` (rollout.group_size, scheduler.kind and mu; the
+    schedule's gamma reads the keys it needs)."""
+    schedule = schedules.schedule_class(config.scheduler.kind)
+    gamma = functools.partial(schedule.gamma, config) if schedule.virtual_time else None
+    return cls(buffer, accountant, task, intake, sim_state, mismatch,
+               group_size=config.rollout.group_size, mu=config.scheduler.mu, gamma=gamma)
 
   # Cumulative counters that continue across a resume (rates and gauges do not).
   CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
@@ -228,16 +245,13 @@ class RunMetrics:
 
   def sim(self) -> dict[str, float]:
     """sim/* metrics under a schedule with virtual time (simulated, sync); {} under async."""
-    c = self.config
-    schedule = schedules.schedule_class(c.scheduler.kind)
-    if not schedule.virtual_time:
+    if self.gamma is None:
       return {}
-    return sim_compute_metrics(self.sim_state, c.scheduler.mu,
-                               schedule.gamma(c, self.sim_state))
+    return sim_compute_metrics(self.sim_state, self.mu, self.gamma(self.sim_state))
 
   def compute_seconds(self) -> float:
     """The run's compute axis now: virtual device-seconds (simulated, sync) or measured ones."""
-    if schedules.schedule_class(self.config.scheduler.kind).virtual_time:
+    if self.gamma is not None:
       s = self.sim_state
       return s.generation_device_seconds + s.training_device_seconds
     return self.accountant.metrics()["compute_seconds"]
@@ -258,8 +272,7 @@ class RunMetrics:
     row.update(step_metrics)
     row["reward_mean"] = float(fresh.mean()) if fresh.size else float("nan")
     row["fresh_rollouts"] = float(fresh.size)
-    row["diag/zero_variance_fraction"] = zero_variance_fraction(fresh,
-                                                                self.config.rollout.group_size)
+    row["diag/zero_variance_fraction"] = zero_variance_fraction(fresh, self.group_size)
     row.update(self.buffer.metrics(current_version=step))
     row.update(self.accountant.metrics())
     row["compute/measured_seconds"] = row["compute_seconds"]

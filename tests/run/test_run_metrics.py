@@ -35,7 +35,7 @@ def make(kind, **overrides):
   sim = SimState(clock=3.0, generation_device_seconds=10.0, training_device_seconds=4.0,
                  reference_tokens=7.5)
   probe = run_metrics.MismatchProbe(lambda p, b: None, 0, (16,), 1)
-  return run_metrics.RunMetrics(c, ReplayBuffer(8), acct, Task(), Intake(), sim, probe)
+  return run_metrics.RunMetrics.from_config(c, ReplayBuffer(8), acct, Task(), Intake(), sim, probe)
 
 
 def test_simulated_row_reports_the_modelled_mu_and_gamma_and_the_measured_ones_apart():
