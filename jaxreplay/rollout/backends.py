@@ -142,7 +142,7 @@ def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> Ro
     return VllmWorkerProcess(weights.hf_dir, policy_version=weights.version, seed=seed, env=env,
                              eos_token_ids=backend.stop_ids,
                              startup_timeout_s=backend.startup_timeout_s, **settings)
-  # shm: the engine starts from the config-only dir with placeholder weights, then loads these.
+  # shm: the engine starts from the config-only dir with random stand-in weights, then loads these.
   worker = VllmWorkerProcess(backend.publisher.model_dir, weights_pending=True, policy_version=-1,
                              seed=seed, env=env, eos_token_ids=backend.stop_ids,
                              startup_timeout_s=backend.startup_timeout_s, **settings)

@@ -169,7 +169,7 @@ class VllmEngine:
     hf_dir: a directory written by `models.save_hf` (config.json + safetensors), or with
       `weights_pending` one with config.json only (`ShmPublisher.model_dir`).
     policy_version: the version tag of the weights in `hf_dir`.
-    weights_pending: start with placeholder weights (vLLM `load_format="dummy"`); `generate`
+    weights_pending: start with random stand-in weights (vLLM `load_format="dummy"`); `generate`
       refuses to run until `load_weights` has loaded real ones.
     max_model_len: the longest prompt + completion, in tokens.
     max_num_seqs: how many sequences vLLM batches at once.

@@ -40,7 +40,7 @@ def _reload_worker_weights(worker, weights_path: str) -> None:
   if not any(isinstance(f, _BenignReloadWarnings) for f in reload_logger.filters):
     reload_logger.addFilter(_BenignReloadWarnings(tied))
   load_config = worker.vllm_config.load_config
-  if str(load_config.load_format) == "dummy":  # started with placeholder weights: files from now on
+  if str(load_config.load_format) == "dummy":  # started with stand-in weights: files from now on
     load_config.load_format = "auto"
   worker.reload_weights(weights_path=weights_path)
   _repack_tied_head(worker.model_runner.get_model())
