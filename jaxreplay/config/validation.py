@@ -222,6 +222,7 @@ def buffer_errors(b, r, log=None) -> list[str]:
   """buffer.*: N against B and against one request (`r`: the rollout section), the reuse controller
   (`log`: the log section, whose diagnostics the adaptive controller reads)."""
   from jaxreplay.data import buffer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
   from jaxreplay.run import reuse  # pylint: disable=g-import-not-at-top
   errors = []
   try:
@@ -247,8 +248,8 @@ def buffer_errors(b, r, log=None) -> list[str]:
   if b.on_policy_order not in buffer.CONSUME_ORDERS:
     errors.append(f"buffer.on_policy_order={b.on_policy_order!r}: expected one of "
                   f"{buffer.CONSUME_ORDERS}")
-  if b.priority not in buffer.PRIORITIES:
-    errors.append(f"buffer.priority={b.priority!r}: expected one of {buffer.PRIORITIES}")
+  if b.priority not in samplers.SAMPLERS:
+    errors.append(f"buffer.priority={b.priority!r}: expected one of {tuple(samplers.SAMPLERS)}")
   if not b.fresh_tau > 0:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
   if b.max_uses < 0:
