@@ -285,7 +285,7 @@ class ReplayBuffer:
   @property
   def total_added(self) -> int:
     """Rollouts ever added (resumes included). Read without the lock (an int read is atomic), so
-    a gate that holds another lock may ask it (`run.reuse`)."""
+    a gate that holds another lock may ask it (`data.reuse`)."""
     return self._total_added
 
   def __len__(self) -> int:
@@ -374,7 +374,7 @@ class ReplayBuffer:
     """While on, `sample` takes the B newest never-used rollouts whenever at least B are held in
     the recent region (the on-policy LIFO queue's batch, without removing anything, so the
     rollouts stay available if reuse is raised again), and draws as configured otherwise. The
-    reuse controller switches it on while its replay ratio is 1 (`run.reuse`)."""
+    reuse controller switches it on while its replay ratio is 1 (`data.reuse`)."""
     with self._cond:
       self._newest_unused = samplers.NewestUnused(self._sampler) if on else None
 
