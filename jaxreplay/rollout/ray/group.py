@@ -430,8 +430,9 @@ class RayRolloutGroup:
       # A checkout (not an installed package): this node, or a shared checkout on the others,
       # finds jaxreplay where the driver found it.
       env.setdefault("PYTHONPATH", f"{_REPO_ROOT}:${{PYTHONPATH}}")
-    if not self.num_gpus:  # e.g. a JAX sampler without a GPU runs JAX on the CPU
-      for key, value in backend_table.record(self.spec.backend).actor_env_without_gpus.items():
+    record = backend_table.BACKENDS.get(self.spec.backend)  # unknown: the actor's start says so
+    if record is not None and not self.num_gpus:  # e.g. a JAX sampler without a GPU: JAX on CPU
+      for key, value in record.actor_env_without_gpus.items():
         env.setdefault(key, value)
     return {"env_vars": env}
 
