@@ -49,7 +49,6 @@ from jaxreplay.data.samplers import (sampler_options,  # noqa: F401 (re-exported
                                      successive_sampling)
 from jaxreplay.learner.batch import Rollout  # re-exported: `buffer.Rollout` is public
 
-CONSUME_ORDERS = tuple(samplers.QUEUES)  # buffer.on_policy_order
 _STATE_FORMAT = buffer_state.STATE_FORMAT  # old names, kept for callers and tests
 _STATE_KEYS = buffer_state.STATE_KEYS
 _OPTIONAL_STATE_KEYS = buffer_state.OPTIONAL_STATE_KEYS
@@ -120,8 +119,8 @@ class ReplayBuffer:
     if consume and positive_fraction > 0:
       raise ValueError("consume=True (the on-policy queue) cannot have a positive region: "
                        "set positive_fraction=0")
-    if consume_order not in CONSUME_ORDERS:
-      raise ValueError(f"consume_order={consume_order!r}; expected one of {CONSUME_ORDERS}")
+    if consume_order not in samplers.QUEUES:
+      raise ValueError(f"consume_order={consume_order!r}; expected one of {tuple(samplers.QUEUES)}")
     samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume)
     self.priority, self.fresh_tau = priority, float(fresh_tau)
     self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
