@@ -123,7 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
   c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
   c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
-  c.buffer.reuse_control = "off"   # run.reuse: off (the replay ratio the hardware split gives) |
+  c.buffer.reuse_control = "off"   # data.reuse: off (the replay ratio the hardware split gives) |
                                    # fixed (generation paced to reuse_target uses per rollout) |
                                    # adaptive (reuse set online from the regime diagnostics)
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)

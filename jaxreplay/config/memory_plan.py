@@ -29,7 +29,6 @@ thread), the step is its model FLOPs at full rows (remat's recomputed forward in
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from typing import Any, Optional
@@ -38,13 +37,13 @@ import jax
 import numpy as np
 
 from jaxreplay.config import devices as devices_lib
-from jaxreplay.run import evaluation
 from jaxreplay import models
 from jaxreplay.learner import adapters
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
 from jaxreplay.models import lora as lora_lib
+from jaxreplay.rollout import backend_table
 
 GIB = 1024 ** 3
 
@@ -183,13 +182,12 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   dense_bias = flash and bool(t.get("pack", False))
   activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash, dense_bias)
   kv = 0
-  rollout_backend = c.rollout.backend
-  if rollout_backend == "auto":
-    rollout_backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
-  eval_backend = evaluation.resolve_eval_backend(c.eval.backend, rollout_backend)
+  rollout_backend = backend_table.resolve(c.rollout.backend)
+  backend = backend_table.record(rollout_backend)
+  eval_backend = backend_table.resolve_eval(c.eval.backend, rollout_backend)
   if c.eval.num_problems and eval_backend == "trainer":
     kv = kv_cache_bytes(cfg, c.eval.batch_size or c.rollout.sampler_batch_size, c.model.max_len)
-  if rollout_backend == "jax":  # rollouts are sampled on the trainer devices too
+  if backend.on_trainer_devices:  # rollouts are sampled on the trainer devices too
     kv = max(kv, kv_cache_bytes(cfg, c.rollout.sampler_batch_size, c.model.max_len))
   ref = sharding.shard_bytes(state.ref_params, shardings.ref_params) if state.ref_params else 0
   per_device = dict(params=params, opt_state=opt_state, grads=grads, activations=activations,
@@ -231,16 +229,18 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
 
 
 def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any]:
-  """The trainer's publish stall against its step (see the module docstring); JSON-ready."""
+  """The trainer's publish stall against its step (see the module docstring); JSON-ready.
+  `rollout_backend`: resolved; workers off the trainer devices (its record) get a host copy."""
+  backend = backend_table.record(rollout_backend)
   t = c.trainer
   tokens = int(c.buffer.batch_size) * int(c.model.max_len)
   per_token = 3 * cfg.flops_per_token(int(c.model.max_len))  # forward + backward (2x forward)
   if cfg.remat:
     per_token += cfg.flops_per_token(int(c.model.max_len))  # the recomputed forward
   step_s = tokens * per_token / (int(t.num_devices) * PEAK_TFLOPS * 1e12 * ASSUMED_MFU)
-  if rollout_backend == "vllm":
-    vllm_dtype = c.rollout.get("vllm_dtype", "auto")
-    dtype = vllm_dtype if vllm_dtype != "auto" else (
+  if not backend.on_trainer_devices:  # a host copy in the workers' dtype
+    engine_dtype = c.rollout.get(backend.dtype_key, "auto") if backend.dtype_key else "auto"
+    dtype = engine_dtype if engine_dtype != "auto" else (
         "bfloat16" if c.model.dtype == "bfloat16" else "float32")
     nbytes = cfg.num_params() * np.dtype(jax.numpy.dtype(dtype)).itemsize
     how = (f"one device -> host copy of the model in {dtype} at {HOST_COPY_GBPS:g} GB/s on the "

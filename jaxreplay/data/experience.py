@@ -156,7 +156,7 @@ class Intake:
     on_policy: the buffer is a queue: a request may start only when its rollouts, those in
       flight and those held fit the capacity (workers wait, as the paper's baseline does).
     gate: `fn(rollouts in flight) -> bool`, whether a request may start (the reuse controller's
-      throttle, `run.reuse`); None = always.
+      throttle, `data.reuse`); None = always.
   """
 
   def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,

@@ -78,7 +78,6 @@ from jaxreplay.learner import losses
 
 Array = chex.Array
 
-OFF_POLICY_MODES = ("none", "tis", "mis_token", "mis_sequence", "m2po", "decoupled")
 PROXIMAL_MODES = ("tis", "decoupled")  # GRPO clips against pi_theta itself (ratio 1 in value)
 
 
@@ -86,7 +85,7 @@ PROXIMAL_MODES = ("tis", "decoupled")  # GRPO clips against pi_theta itself (rat
 class OffPolicyOptions:
   """The off-policy correction of a run (`config.trainer` keys of the same names).
 
-  off_policy: one of OFF_POLICY_MODES (module docstring).
+  off_policy: a name of `CORRECTIONS` (OFF_POLICY_MODES; module docstring).
   off_policy_cap: c > 1: the ratio interval [1/c, c] of the mis modes, the filter of "decoupled"
     and the truncation of "tis" when tis_cap is 0 (2.0: verl's and slime's common cap).
   m2po_threshold: tau_M2 > 0, the bound on the mean squared log-ratio of the tokens "m2po" keeps
@@ -341,7 +340,7 @@ CORRECTIONS: dict[str, Callable[..., Correction]] = {
     "m2po": _m2po,
     "decoupled": _decoupled,
 }
-assert tuple(CORRECTIONS) == OFF_POLICY_MODES
+OFF_POLICY_MODES = tuple(CORRECTIONS)  # trainer.off_policy
 
 
 def correct(options: OffPolicyOptions, logprobs: Array, behaviour_logprobs: Array, mask: Array,

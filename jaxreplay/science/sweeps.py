@@ -241,7 +241,7 @@ def _sync_grid() -> Sweep:
 
 LARGE_BATCH_CONFIG = "configs/scratchpad_large_batch.py"
 # The adaptive family: the reuse controller over the positive-bias buffer (the best fixed design of
-# the update-limited regime); at rho = 1 it trains on the newest unused rollouts (run.reuse).
+# the update-limited regime); at rho = 1 it trains on the newest unused rollouts (data.reuse).
 ADAPTIVE: tuple[tuple[str, Value], ...] = (("buffer.reuse_control", "adaptive"),
                                            ("buffer.positive_fraction", 0.5))
 PARETO_LR_FACTORS = (1.0, 3.0, 10.0)

@@ -283,15 +283,15 @@ def test_wandb_offline_run_gets_the_rows_and_config(wandb_offline):
 def test_wandb_settings_from_config_and_errors():
   from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
   c = config_defaults.base_config()
-  assert metrics.wandb_settings(c) is None and metrics.wandb_config_errors(c) == []
+  assert metrics.wandb_settings(c.log) is None and metrics.wandb_config_errors(c.log) == []
   c.log.wandb_project, c.log.wandb_mode, c.log.wandb_run_name = "p", "offline", "r"
-  s = metrics.wandb_settings(c)
+  s = metrics.wandb_settings(c.log, c.to_dict())
   assert (s.project, s.mode, s.run_name, s.entity) == ("p", "offline", "r", "")
   assert s.config["trainer"]["loss"] == c.trainer.loss
   c.log.wandb_mode = "cloud"
-  assert any("log.wandb_mode='cloud'" in e for e in metrics.wandb_config_errors(c))
+  assert any("log.wandb_mode='cloud'" in e for e in metrics.wandb_config_errors(c.log))
   with pytest.raises(ValueError, match="log.wandb_mode"):
-    metrics.wandb_settings(c)
+    metrics.wandb_settings(c.log)
 
 
 def test_default_writer_never_imports_wandb(tmp_path):
@@ -300,7 +300,7 @@ def test_default_writer_never_imports_wandb(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
   code = ("import sys; from jaxreplay import build, config_defaults, metrics; "
           f"w = metrics.MetricsWriter({str(tmp_path)!r}, "
-          "wandb=metrics.wandb_settings(config_defaults.base_config())); "
+          "wandb=metrics.wandb_settings(config_defaults.base_config().log)); "
           "w.write(0, {'loss': 1.0}); w.close(); assert 'wandb' not in sys.modules, 'imported'")
   env = {**os.environ, "PYTHONPATH": os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))}
   subprocess.run([sys.executable, "-W", "error::DeprecationWarning:jaxreplay", "-c", code],

@@ -227,19 +227,3 @@ def test_a_rejected_rerun_changes_nothing(tmp_path, tiny_reference_run):
   assert "buffer.batch_size (B=512)" in out.stderr
   for name, text in before.items():
     assert open(os.path.join(workdir, name)).read() == text, name
-
-
-def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
-  import importlib.util
-  from jaxreplay.run import build
-  from jaxreplay.config.defaults import base_config
-  real = importlib.util.find_spec
-  for installed, expect in ((True, "vllm"), (False, "jax")):
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, _i=installed: (real("json") if _i else None)
-                        if name == "vllm" else real(name, *a))
-    c = base_config()
-    c.rollout.backend = "auto"
-    assert build.resolve_backend(c) == expect and c.rollout.backend == expect
-  c.rollout.backend = "jax"
-  assert build.resolve_backend(c) == "jax"

@@ -499,7 +499,8 @@ def test_a_second_process_hits_the_compilation_cache(tmp_path):
           lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
       c = base_config()
       c.trainer.compilation_cache = {str(tmp_path / "cache")!r}
-      path = compilation_cache.apply(c, {str(tmp_path / "run")!r}, min_compile_time_s=0.0)
+      path = compilation_cache.apply(c.trainer.compilation_cache, {str(tmp_path / "run")!r},
+                                     min_compile_time_s=0.0)
       assert path == {str(tmp_path / "cache")!r}, path
       f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
       f(jnp.ones((64, 64))).block_until_ready()

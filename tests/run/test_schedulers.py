@@ -296,9 +296,8 @@ def test_schedules_answer_what_they_are():
   import ml_collections  # pylint: disable=g-import-not-at-top
   from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top
   from jaxreplay.run.schedules import FollowerScheduler  # pylint: disable=g-import-not-at-top
-  assert set(schedules.SCHEDULES) == {"simulated", "sync", "async"}
-  from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
-  assert set(schedules.SCHEDULES) == set(validation.SCHEDULES)
+  from jaxreplay.config import schedule_table  # pylint: disable=g-import-not-at-top
+  assert set(schedule_table.SCHEDULES) == {"simulated", "sync", "async"}
   sim, sync, asyn = (schedules.schedule_class(k) for k in ("simulated", "sync", "async"))
   assert (sim, sync, asyn) == (SimulatedScheduler, SyncScheduler, AsyncScheduler)
   assert sim.virtual_time and sync.virtual_time and not asyn.virtual_time

@@ -9,7 +9,8 @@ A publisher has
 The publishers: `DeviceCopyPublisher` (here: device copies for in-process JAX samplers),
 `shm_publisher.ShmPublisher` (shared-memory segments, vLLM engines), `file_publisher.FilePublisher`
 (HF directories, vLLM engines) and `rollout.ray.publisher.ObjectStorePublisher` (Ray's object store).
-`rollout.backends.PUBLISHERS` picks one per (rollout.backend, rollout.placement, transport).
+The record of rollout.backend in `rollout.backend_table.BACKENDS` names one per (rollout.placement,
+transport).
 
 Publishers that write to /dev/shm keep their files under a root claimed here (`claim_root`): a
 directory flock-ed for the publisher's life, removed at exit and by the next run after a kill.

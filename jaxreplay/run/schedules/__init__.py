@@ -42,6 +42,9 @@ run jobs at once; `close()` releases the workers (also when `run` never started)
 """
 from __future__ import annotations
 
+import importlib
+
+from jaxreplay.config import schedule_table
 from jaxreplay.run.schedules.async_ import AsyncScheduler, FollowerScheduler, LeaderStopped
 from jaxreplay.run.schedules.base import (GenerationCost, Hooks, Job, LocalWorker, MakeWorker,
                                           Schedule, SimState, _LocalJobs, decode_group,
@@ -49,19 +52,24 @@ from jaxreplay.run.schedules.base import (GenerationCost, Hooks, Job, LocalWorke
 from jaxreplay.run.schedules.simulated import SimulatedScheduler
 from jaxreplay.run.schedules.sync import SyncScheduler
 
-# config.scheduler.kind -> its schedule (`jaxreplay.config.validation.SCHEDULES` lists the same kinds).
-SCHEDULES: dict[str, type[Schedule]] = {
-    cls.kind: cls for cls in (SimulatedScheduler, SyncScheduler, AsyncScheduler)}
-
-
 def schedule_class(kind: str) -> type[Schedule]:
-  """The schedule class of `config.scheduler.kind` (ask it what the schedule is)."""
+  """The schedule class of `config.scheduler.kind` (ask it what the schedule is): its record's
+  `cls` in the table `config.schedule_table.SCHEDULES` (an import path, imported now, or the
+  class)."""
   try:
-    return SCHEDULES[kind]
+    entry = schedule_table.SCHEDULES[kind].cls
   except KeyError:
-    raise ValueError(f"scheduler.kind={kind!r}: expected one of {tuple(SCHEDULES)}") from None
+    raise ValueError(f"scheduler.kind={kind!r}: expected one of "
+                     f"{tuple(schedule_table.SCHEDULES)}") from None
+  if isinstance(entry, str):
+    module, _, name = entry.partition(":")
+    entry = getattr(importlib.import_module(module), name)
+  if not (isinstance(entry, type) and issubclass(entry, Schedule)) or entry.kind != kind:
+    raise TypeError(f"schedule_table.SCHEDULES[{kind!r}].cls is {entry!r}: expected a Schedule "
+                    f"subclass whose kind is {kind!r}")
+  return entry
 
 
 __all__ = ["AsyncScheduler", "FollowerScheduler", "GenerationCost", "Hooks", "Job", "LeaderStopped",
-           "LocalWorker", "MakeWorker", "SCHEDULES", "Schedule", "SimState", "SimulatedScheduler",
+           "LocalWorker", "MakeWorker", "Schedule", "SimState", "SimulatedScheduler",
            "SyncScheduler", "decode_group", "encode_group", "schedule_class", "virtual_costs"]

@@ -11,7 +11,7 @@ import pytest
 
 from jaxreplay.data.buffer import ReplayBuffer
 from jaxreplay.learner.batch import Rollout
-from jaxreplay.run import reuse
+from jaxreplay.data import reuse
 import tiny_runs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
