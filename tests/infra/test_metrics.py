@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay.infra import metric_writers as metrics
+from jaxreplay.infra import metric_writers
 from jaxreplay import plot
 
 event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
@@ -30,7 +30,7 @@ def read_tb_scalars(tb_dir):
 
 
 def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
-  with metrics.MetricsWriter(str(tmp_path)) as w:
+  with metric_writers.MetricsWriter(str(tmp_path)) as w:
     row = w.write(np.int64(1), {"loss": np.float32(0.5), "reward_mean": jnp.asarray(0.25),
                                 "count": np.int32(3), "flag": np.bool_(True), "name": "x",
                                 "bad": float("nan"), "vec": np.arange(2)})
@@ -50,27 +50,27 @@ def test_metrics_writer_jsonl_and_tensorboard(tmp_path):
 
 
 def test_truncate_after_resume(tmp_path):
-  w = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  w = metric_writers.MetricsWriter(str(tmp_path), tensorboard=False)
   for s in range(1, 6):
     w.write(s, {"v": float(s)})
   w.close()
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 6, "v": 6.0')  # a line cut by a crash
-  w = metrics.MetricsWriter(str(tmp_path), resume_step=3)  # resuming from the step-3 checkpoint
+  w = metric_writers.MetricsWriter(str(tmp_path), resume_step=3)  # resuming from the step-3 checkpoint
   w.write(4, {"v": 40.0})
   assert w.truncate_after(10) == 4
   w.write(5, {"v": 50.0})
   w.close()
-  rows = metrics.read_metrics(str(tmp_path))
+  rows = metric_writers.read_metrics(str(tmp_path))
   assert [(r["step"], r["v"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
   with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
-    metrics.read_metrics(str(tmp_path / "nope"))
+    metric_writers.read_metrics(str(tmp_path / "nope"))
 
 
 def test_progress_logger_rate_and_eta():
   now = [100.0]
-  p = metrics.ProgressLogger(total_steps=110, every_s=30, start_step=10, clock=lambda: now[0],
-                             keys=("reward_mean", "loss"))
+  p = metric_writers.ProgressLogger(total_steps=110, every_s=30, start_step=10, clock=lambda: now[0],
+                                    keys=("reward_mean", "loss"))
   now[0] = 110.0
   first = p.update(20, {"reward_mean": np.float32(0.5), "other": 1.0})
   assert first is not None  # the first update always logs
@@ -84,13 +84,13 @@ def test_progress_logger_rate_and_eta():
   assert "step 60/110 (54.5%)" in line and "1 steps/s" in line and "ETA 50s" in line
   assert "loss=2" in line
   assert p.update(110) is not None  # the last step always logs
-  assert metrics.format_duration(3723) == "1h02m03s"
-  assert metrics.format_duration(float("inf")) == "?"
+  assert metric_writers.format_duration(3723) == "1h02m03s"
+  assert metric_writers.format_duration(float("inf")) == "?"
 
 
 def _write_run(path, xs, ys, key="eval/pass@1"):
   os.makedirs(path, exist_ok=True)
-  with metrics.MetricsWriter(str(path), tensorboard=False) as w:
+  with metric_writers.MetricsWriter(str(path), tensorboard=False) as w:
     for i, (x, y) in enumerate(zip(xs, ys)):
       w.write(i, {"compute_seconds": x, key: y, "reward_mean": y / 2})
       w.write(i, {"compute_seconds": x, "loss": 1.0})  # a row without the y metric
@@ -177,16 +177,16 @@ def test_plot_groups_median_and_iqr(tmp_path):
 
 
 def test_tensorboard_skips_nonfinite_and_sanitises_names(tmp_path):
-  with metrics.MetricsWriter(str(tmp_path)) as w:
+  with metric_writers.MetricsWriter(str(tmp_path)) as w:
     w.write(1, {"reward_mean": float("nan"), "eval/pass@1": 0.5, "loss": float("inf")})
     w.write(2, {"reward_mean": 0.25, "eval/pass@1": 0.75, "loss": 1.0})
-  rows = metrics.read_metrics(str(tmp_path))
+  rows = metric_writers.read_metrics(str(tmp_path))
   assert rows[0]["reward_mean"] is None and rows[0]["loss"] is None  # JSONL keeps the row, as null
   scalars = read_tb_scalars(str(tmp_path / "tb"))
   assert set(scalars) == {"reward_mean", "eval/pass_1", "loss"}
   assert scalars["reward_mean"] == [(2, 0.25)] and scalars["loss"] == [(2, 1.0)]
   assert scalars["eval/pass_1"] == [(1, 0.5), (2, 0.75)]
-  assert metrics.tensorboard_name("a b/c@1:x") == "a_b/c_1_x"
+  assert metric_writers.tensorboard_name("a b/c@1:x") == "a_b/c_1_x"
 
 
 # ---- Weights & Biases ----------------------------------------------------------------------------
@@ -252,9 +252,9 @@ def wandb_offline(tmp_path, monkeypatch):
 def test_wandb_offline_run_gets_the_rows_and_config(wandb_offline):
   workdir = str(wandb_offline)
   config = {"trainer": {"learning_rate": 1e-4, "buckets": [16, 32]}, "seed": 3}
-  settings = metrics.WandbSettings(project="jaxreplay-test", mode="offline", run_name="tiny-run",
-                                   config=config)
-  with metrics.MetricsWriter(workdir, wandb=settings) as w:
+  settings = metric_writers.WandbSettings(project="jaxreplay-test", mode="offline", run_name="tiny-run",
+                                          config=config)
+  with metric_writers.MetricsWriter(workdir, wandb=settings) as w:
     written = [w.write(0, {"loss": 0.5, "eval/pass@1": 0.25, "name": "x", "bad": float("nan")}),
                w.write(1, {"loss": np.float32(0.25), "count": np.int32(3)}),
                w.write(2, {"loss": 0.125, "eval/pass@1": 0.5})]
@@ -268,39 +268,40 @@ def test_wandb_offline_run_gets_the_rows_and_config(wandb_offline):
   assert run.project == "jaxreplay-test" and run.display_name == "tiny-run"
   logged = {i.key: json.loads(i.value_json) for i in run.config.update}
   assert logged["trainer"] == config["trainer"] and logged["seed"] == 3
-  run_id = open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip()
+  run_id = open(os.path.join(workdir, metric_writers.WANDB_RUN_ID_FILE)).read().strip()
   assert run.run_id == run_id and run_files[0].endswith(f"run-{run_id}.wandb")
 
   # A resumed writer continues the same W&B run; a fresh one starts another.
-  with metrics.MetricsWriter(workdir, resume_step=1, wandb=settings) as w:
+  with metric_writers.MetricsWriter(workdir, resume_step=1, wandb=settings) as w:
     w.write(2, {"loss": 0.0625})
-  assert open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip() == run_id
-  with metrics.MetricsWriter(workdir, wandb=settings) as w:
+  assert open(os.path.join(workdir, metric_writers.WANDB_RUN_ID_FILE)).read().strip() == run_id
+  with metric_writers.MetricsWriter(workdir, wandb=settings) as w:
     w.write(0, {"loss": 1.0})
-  assert open(os.path.join(workdir, metrics.WANDB_RUN_ID_FILE)).read().strip() != run_id
+  assert open(os.path.join(workdir, metric_writers.WANDB_RUN_ID_FILE)).read().strip() != run_id
 
 
 def test_wandb_settings_from_config_and_errors():
-  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
-  c = config_defaults.base_config()
-  assert metrics.wandb_settings(c) is None and metrics.wandb_config_errors(c) == []
+  from jaxreplay.config import defaults  # pylint: disable=g-import-not-at-top
+  c = defaults.base_config()
+  assert metric_writers.wandb_settings(c) is None and metric_writers.wandb_config_errors(c) == []
   c.log.wandb_project, c.log.wandb_mode, c.log.wandb_run_name = "p", "offline", "r"
-  s = metrics.wandb_settings(c)
+  s = metric_writers.wandb_settings(c)
   assert (s.project, s.mode, s.run_name, s.entity) == ("p", "offline", "r", "")
   assert s.config["trainer"]["loss"] == c.trainer.loss
   c.log.wandb_mode = "cloud"
-  assert any("log.wandb_mode='cloud'" in e for e in metrics.wandb_config_errors(c))
+  assert any("log.wandb_mode='cloud'" in e for e in metric_writers.wandb_config_errors(c))
   with pytest.raises(ValueError, match="log.wandb_mode"):
-    metrics.wandb_settings(c)
+    metric_writers.wandb_settings(c)
 
 
 def test_default_writer_never_imports_wandb(tmp_path):
   """With W&B off (the default) nothing imports wandb: no import cost, no warnings from it."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  code = ("import sys; from jaxreplay import build, config_defaults, metrics; "
-          f"w = metrics.MetricsWriter({str(tmp_path)!r}, "
-          "wandb=metrics.wandb_settings(config_defaults.base_config())); "
+  code = ("import sys; from jaxreplay.config import defaults; "
+          "from jaxreplay.infra import metric_writers; from jaxreplay.run import build; "
+          f"w = metric_writers.MetricsWriter({str(tmp_path)!r}, "
+          "wandb=metric_writers.wandb_settings(defaults.base_config())); "
           "w.write(0, {'loss': 1.0}); w.close(); assert 'wandb' not in sys.modules, 'imported'")
   env = {**os.environ, "PYTHONPATH": os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))}
   subprocess.run([sys.executable, "-W", "error::DeprecationWarning:jaxreplay", "-c", code],

@@ -17,14 +17,15 @@ import numpy as np
 import pytest
 
 from conftest import require
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.config import devices
 from jaxreplay.config import memory_plan
 from jaxreplay.config import validation
 from jaxreplay.config.defaults import base_config
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = models.presets.tiny()
+TINY = presets.tiny()
 
 
 def _env():
@@ -281,7 +282,7 @@ def test_superseded_load_in_an_engine_core_process_goes_on():
   c.rollout.vllm_engine_process = "true"
   settings = backends.vllm_engine_settings(c, on_cpu=True)
   assert settings["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
-  params = [models.init_params(TINY, jax.random.key(s)) for s in range(4)]
+  params = [transformer.init_params(TINY, jax.random.key(s)) for s in range(4)]
   with ShmPublisher(TINY, "float32", keep=2, kernel_layout="jax") as shm:
     worker = VllmWorkerProcess(shm.model_dir, weights_pending=True, policy_version=-1, seed=0,
                                startup_timeout_s=600, **settings)
@@ -443,7 +444,7 @@ def test_shm_publisher_refuses_too_little_shared_memory(tmp_path):
   assert not os.path.exists(os.path.join(root, "model"))  # nothing written before the check
   with shm_publisher.ShmPublisher(TINY, "float32", keep=3, statvfs=_statvfs(_blocks(need))) as ok:
     assert ok.pending_bytes() == need
-    ok.publish(models.init_params(TINY, jax.random.key(0)), 0).wait(30)
+    ok.publish(transformer.init_params(TINY, jax.random.key(0)), 0).wait(30)
     assert 0 < ok.pending_bytes() <= need - ok.history[0].nbytes
 
 

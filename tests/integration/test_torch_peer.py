@@ -23,7 +23,7 @@ def test_peer_and_jaxreplay_take_the_same_steps(tmp_path):
   assert bts.torch_peer is not None
   from jaxreplay.models import hf_io, presets, transformer  # pylint: disable=g-import-not-at-top
   cfg = presets.tiny(num_hidden_layers=2)
-  tcfg = bts.config_defaults.base_config().trainer
+  tcfg = bts.defaults.base_config().trainer
   hf_dir = str(tmp_path / "hf")
   hf_io.save_hf(cfg, transformer.init_params(cfg, jax.random.PRNGKey(1)), hf_dir)
   batch = bts.synthetic_batch(cfg, 8, 32, 8)

@@ -197,13 +197,13 @@ def test_checkpoint_holds_adapters_not_the_base(data, tmp_path):
 
 
 def test_base_fingerprint_of_files_and_of_params(tmp_path, data):
-  from jaxreplay import models  # pylint: disable=g-import-not-at-top
-  models.save_hf(CFG, data["base_params"], str(tmp_path / "a"))
-  models.save_hf(CFG, data["base_params"], str(tmp_path / "b"))
+  from jaxreplay.models import hf_io  # pylint: disable=g-import-not-at-top
+  hf_io.save_hf(CFG, data["base_params"], str(tmp_path / "a"))
+  hf_io.save_hf(CFG, data["base_params"], str(tmp_path / "b"))
   fa, fb = (adapters_lib.base_fingerprint(str(tmp_path / d)) for d in "ab")
   assert fa == fb and len(fa) == 64
   changed = dict(data["base_params"], norm=data["base_params"]["norm"] * 2)
-  models.save_hf(CFG, changed, str(tmp_path / "c"))
+  hf_io.save_hf(CFG, changed, str(tmp_path / "c"))
   assert adapters_lib.base_fingerprint(str(tmp_path / "c")) != fa
   assert (adapters_lib.base_fingerprint(params=data["base_params"]) !=
           adapters_lib.base_fingerprint(params=changed))

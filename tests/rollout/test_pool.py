@@ -1,5 +1,5 @@
 """Tests of the rollout worker pool: version tags, refresh between requests, worker death and
-replacement, bounded stop, and a pool of real JAX samplers refreshed through WeightPublisher."""
+replacement, bounded stop, and a pool of real JAX samplers refreshed through FilePublisher."""
 import fcntl
 import itertools
 import os
@@ -13,7 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxreplay import models
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.pool import Delivery, PromptBatch, WorkerPool
 
@@ -341,16 +343,16 @@ def test_source_returning_none_idles_and_wrong_type_fails():
   assert len(calls) == 5 and rec.deliveries == []
 
 
-def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(tmp_path):
+def test_pool_of_jax_samplers_refreshed_in_memory_and_through_file_publisher(tmp_path):
   """Two real JAX samplers: after a refresh their log-probs are those of the new params, whether
-  the handle carries device arrays (in-process) or an HF directory (WeightPublisher)."""
+  the handle carries device arrays (in-process) or an HF directory (FilePublisher)."""
   from jaxreplay.models.hf_io import save_hf
   from jaxreplay.rollout.jax_sampler import JaxSampler
-  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
+  from jaxreplay.rollout.weights.file_publisher import FilePublisher
 
-  cfg = models.presets.tiny()
-  p0 = models.init_params(cfg, jax.random.key(0))
-  p1 = models.init_params(cfg, jax.random.key(1))
+  cfg = presets.tiny()
+  p0 = transformer.init_params(cfg, jax.random.key(0))
+  p1 = transformer.init_params(cfg, jax.random.key(1))
   save_hf(cfg, p0, str(tmp_path / "v0"))
   sampling = SamplingParams(max_tokens=6)
   batches = itertools.count()
@@ -364,13 +366,13 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
                                                  seed=i),
                     2, source, rec.sink, initial_weights=Weights(0, hf_dir=str(tmp_path / "v0")))
   marks = {}
-  with WeightPublisher(root=str(tmp_path / "pub")) as publisher:
+  with FilePublisher(cfg, root=str(tmp_path / "pub")) as publisher:
     pool.start()
     try:
       pool.wait_ready(120)
       rec.wait_for(lambda ds: len(ds) >= 2, timeout=120)
       for version, weights in ((1, Weights(1, params=p1, cfg=cfg)),
-                               (2, Weights(2, hf_dir=publisher.publish(cfg, p0, version=2)))):
+                               (2, publisher.publish(p0, version=2))):
         pool.refresh(weights)
         pool.wait_for_version(version, 120)
         marks[version] = len(rec.deliveries)
@@ -384,7 +386,7 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
       for g in d.groups:
         for c in g.completions:
           toks = np.concatenate([g.prompt_tokens, c.tokens])
-          lp = np.asarray(models.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
+          lp = np.asarray(logprobs_lib.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
           np.testing.assert_allclose(c.logprobs, lp[len(g.prompt_tokens) - 1:], atol=2e-4)
   assert {d.policy_version for d in rec.deliveries[:2]} == {0}
 
@@ -392,35 +394,38 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
 # ---- weight publisher and imports ---------------------------------------------------------------
 
 
-def test_weight_publisher_writes_versions_atomically_and_keeps_the_newest(tmp_path):
+def test_file_publisher_writes_versions_atomically_and_keeps_the_newest(tmp_path):
   from jaxreplay.models.hf_io import load_hf
-  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
+  from jaxreplay.rollout.weights.file_publisher import FilePublisher
 
-  cfg = models.presets.tiny()
-  params = [models.init_params(cfg, jax.random.key(s)) for s in range(3)]
+  cfg = presets.tiny()
+  params = [transformer.init_params(cfg, jax.random.key(s)) for s in range(3)]
   root = tmp_path / "pub"
-  with WeightPublisher(root=str(root), keep=2) as pub:
-    dirs = [pub.publish(cfg, p, version=v) for v, p in zip((0, 4, 7), params)]
+  with FilePublisher(cfg, root=str(root), keep=2) as pub:
+    handles = [pub.publish(p, version=v) for v, p in zip((0, 4, 7), params)]
+    assert [w.version for w in handles] == [0, 4, 7] and all(w.cfg == cfg for w in handles)
+    dirs = [w.hf_dir for w in handles]
     assert dirs == [str(root / f"v{v}") for v in (0, 4, 7)]
     assert sorted(os.listdir(root)) == ["v4", "v7"]  # only the newest 2; no temporary dirs left
     loaded_cfg, loaded = load_hf(dirs[-1])
     assert loaded_cfg == cfg
     chex.assert_trees_all_close(loaded, params[2], atol=0, rtol=0)
     rec = pub.latest
-    assert rec.version == 7 and rec.hf_dir == dirs[-1]
+    assert rec.version == 7 and rec.location == dirs[-1]
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(params[2]))
     assert rec.nbytes == 4 * n_params  # float32, one safetensors file
-    assert rec.transfer_seconds > 0 and rec.write_seconds > 0
-    assert pub.last_publish_seconds == rec.seconds and len(pub.history) == 3
+    assert rec.stall_s > rec.write_s > 0 and len(pub.history) == 3  # stall_s: transfer + write
     with pytest.raises(ValueError, match="newer"):
-      pub.publish(cfg, params[0], version=7)
+      pub.publish(params[0], version=7)
   assert os.path.isdir(root) and os.listdir(root) == []  # a given root stays; its versions go
 
 
-def test_weight_publisher_default_root_and_fallback(monkeypatch):
-  from jaxreplay.rollout.weights import file_publisher as weight_sync
+def test_file_publisher_default_root_and_fallback(monkeypatch):
+  from jaxreplay.rollout.weights import file_publisher
+  from jaxreplay.rollout.weights import publisher
 
-  pub, other = weight_sync.WeightPublisher(), weight_sync.WeightPublisher()
+  cfg = presets.tiny()
+  pub, other = file_publisher.FilePublisher(cfg), file_publisher.FilePublisher(cfg)
   try:
     if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
       assert pub.root.startswith(f"/dev/shm/jaxreplay-{os.getpid()}-")
@@ -429,20 +434,21 @@ def test_weight_publisher_default_root_and_fallback(monkeypatch):
     pub.close()
   assert not os.path.exists(pub.root) and os.path.isdir(other.root)  # closing one spares the other
   other.close()
-  monkeypatch.setattr(weight_sync.os.path, "isdir",
+  monkeypatch.setattr(publisher.os.path, "isdir",
                       lambda p: False if p == "/dev/shm" else os.path.lexists(p))
-  root = weight_sync.default_root()
+  root = publisher.default_root()
   try:
     assert not root.startswith("/dev/shm") and os.path.isdir(root)
   finally:
     os.rmdir(root)
   with pytest.raises(ValueError, match="keep"):
-    weight_sync.WeightPublisher(keep=0)
+    file_publisher.FilePublisher(cfg, keep=0)
 
 
 def test_importing_rollout_does_not_import_vllm_torch_or_jax():
-  code = ("import sys, jaxreplay.rollout as r, jaxreplay.rollout.vllm.engine, jaxreplay.rollout.pool;"
-          "assert r.SamplingParams and r.WorkerDied and r.WorkerPool;"
+  code = ("import sys, jaxreplay.rollout.vllm.engine;"
+          "from jaxreplay.rollout import base, pool;"
+          "assert base.SamplingParams and base.WorkerDied and pool.WorkerPool;"
           "bad = [m for m in ('vllm', 'torch', 'jax') if m in sys.modules];"
           "assert not bad, bad")
   env = dict(os.environ, PYTHONPATH=os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -452,7 +458,7 @@ def test_importing_rollout_does_not_import_vllm_torch_or_jax():
 def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   """A run killed with -9 leaves /dev/shm/jaxreplay-<pid>-*; the next publisher removes those of
   dead pids and keeps live ones (another run on the machine) and unrelated names."""
-  from jaxreplay.rollout.weights import publisher as weight_sync  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.weights import publisher  # pylint: disable=g-import-not-at-top
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
   stale = tmp_path / f"jaxreplay-{dead.pid}-abc"
@@ -467,13 +473,13 @@ def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
   # A live publisher whose pid is dead in this namespace (another container): its flock counts.
   elsewhere = tmp_path / f"jaxreplay-{dead.pid}-live"
   elsewhere.mkdir()
-  fd = os.open(str(elsewhere / weight_sync.OWNER_FILE), os.O_RDWR | os.O_CREAT)
+  fd = os.open(str(elsewhere / publisher.OWNER_FILE), os.O_RDWR | os.O_CREAT)
   fcntl.flock(fd, fcntl.LOCK_SH)  # as a publisher holds it
-  removed = weight_sync.remove_stale_roots(str(tmp_path))
+  removed = publisher.remove_stale_roots(str(tmp_path))
   assert removed == [str(stale)] and elsewhere.exists()
   assert not stale.exists() and live.exists() and mine.exists() and other.exists()
   os.close(fd)  # its publisher closed or died: stale now
-  assert weight_sync.remove_stale_roots(str(tmp_path)) == [str(elsewhere)]
+  assert publisher.remove_stale_roots(str(tmp_path)) == [str(elsewhere)]
 
 
 class LoggingWorker(FakeWorker):

@@ -5,12 +5,12 @@ import pytest
 
 from jaxreplay.config import validation
 from jaxreplay.run import build
-from jaxreplay.config import defaults as config_defaults
-from jaxreplay.rollout import backends as workers
+from jaxreplay.config import defaults
+from jaxreplay.rollout import backends
 
 
 def config(**rollout):
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.rollout.backend = "vllm"
   for k, v in rollout.items():
     c.rollout[k] = v
@@ -19,24 +19,24 @@ def config(**rollout):
 
 def test_vllm_settings_cpu_keeps_the_test_setup_and_gpu_runs_as_vllm_is_meant():
   c = config(vllm_kv_cache_gib=2, vllm_max_num_seqs=128)
-  cpu = workers.vllm_engine_settings(c, on_cpu=True)
+  cpu = backends.vllm_engine_settings(c, on_cpu=True)
   assert cpu == dict(max_model_len=256, max_num_seqs=128, dtype="float32", enforce_eager=True,
                      disable_torch_compile=True,
                      env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                           "VLLM_ENGINE_READY_TIMEOUT_S": "300"})
   c = config(vllm_gpu_memory_utilization=0.35, vllm_tensor_parallel_size=2, vllm_max_model_len=4096)
-  gpu = workers.vllm_engine_settings(c, on_cpu=False)
+  gpu = backends.vllm_engine_settings(c, on_cpu=False)
   assert gpu["dtype"] == "bfloat16" and gpu["max_model_len"] == 4096
   assert gpu["enforce_eager"] is False and gpu["disable_torch_compile"] is False  # CUDA graphs
   assert gpu["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # vLLM's own engine-core process
   assert gpu["engine_kwargs"] == dict(gpu_memory_utilization=0.35, tensor_parallel_size=2)
   # Explicit choices win over "auto" on either platform.
   c = config(vllm_enforce_eager="true", vllm_engine_process="False")
-  gpu = workers.vllm_engine_settings(c, on_cpu=False)
+  gpu = backends.vllm_engine_settings(c, on_cpu=False)
   assert gpu["enforce_eager"] is True and gpu["disable_torch_compile"] is True
   assert gpu["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
   with pytest.raises(ValueError, match="vllm_enforce_eager='sometimes'"):
-    workers.vllm_engine_settings(config(vllm_enforce_eager="sometimes"), on_cpu=True)
+    backends.vllm_engine_settings(config(vllm_enforce_eager="sometimes"), on_cpu=True)
 
 
 @pytest.mark.parametrize("backend,rollout,expected", [
@@ -53,23 +53,23 @@ def test_requests_per_call_fills_the_engine(backend, rollout, expected):
   c = config(**rollout)
   c.buffer.size = buffer_size
   c.rollout.backend = backend
-  assert workers.requests_per_call(c) == expected
+  assert backends.requests_per_call(c) == expected
 
 
 def test_worker_gpu_groups_split_by_tensor_parallel_size():
-  assert workers.worker_gpu_groups([4, 5, 6, 7], 1) == [("4",), ("5",), ("6",), ("7",)]
-  assert workers.worker_gpu_groups(["2", "3", "4", "5", "6", "7"], 2) == [
+  assert backends.worker_gpu_groups([4, 5, 6, 7], 1) == [("4",), ("5",), ("6",), ("7",)]
+  assert backends.worker_gpu_groups(["2", "3", "4", "5", "6", "7"], 2) == [
       ("2", "3"), ("4", "5"), ("6", "7")]
-  assert workers.worker_gpu_groups(range(8), 8) == [tuple(str(i) for i in range(8))]
+  assert backends.worker_gpu_groups(range(8), 8) == [tuple(str(i) for i in range(8))]
   with pytest.raises(ValueError, match=r"5 worker GPUs .* do not split into engines of "
                                        r"rollout.vllm_tensor_parallel_size=2 .*e.g. 4"):
-    workers.worker_gpu_groups([3, 4, 5, 6, 7], 2)
+    backends.worker_gpu_groups([3, 4, 5, 6, 7], 2)
   with pytest.raises(ValueError, match="twice"):
-    workers.worker_gpu_groups([1, 1], 1)
+    backends.worker_gpu_groups([1, 1], 1)
   with pytest.raises(ValueError, match="no worker GPUs"):
-    workers.worker_gpu_groups([], 1)
+    backends.worker_gpu_groups([], 1)
   with pytest.raises(ValueError, match="must be >= 1"):
-    workers.worker_gpu_groups([0], 0)
+    backends.worker_gpu_groups([0], 0)
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -103,16 +103,16 @@ def test_validate_config_accepts_the_defaults_and_good_vllm_settings():
 def test_ray_gpus_per_worker_auto_is_the_tensor_parallel_size_of_vllm_on_gpu():
   c = config(vllm_tensor_parallel_size=2)
   assert c.rollout.ray_num_gpus_per_worker == -1 and c.rollout.placement == "local"
-  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 2.0
-  assert workers.ray_gpus_per_worker(c, on_cpu=True) == 0.0
+  assert backends.ray_gpus_per_worker(c, on_cpu=False) == 2.0
+  assert backends.ray_gpus_per_worker(c, on_cpu=True) == 0.0
   c.rollout.backend = "jax"
-  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 0.0
+  assert backends.ray_gpus_per_worker(c, on_cpu=False) == 0.0
   c.rollout.ray_num_gpus_per_worker = 0.5
-  assert workers.ray_gpus_per_worker(c, on_cpu=False) == 0.5
+  assert backends.ray_gpus_per_worker(c, on_cpu=False) == 0.5
 
 
 def test_vllm_config_files_are_the_config_only_model_dir():
-  from jaxreplay import models  # pylint: disable=g-import-not-at-top
-  files = workers.vllm_config_files(models.presets.tiny(), "bfloat16")
+  from jaxreplay.models import presets  # pylint: disable=g-import-not-at-top
+  files = backends.vllm_config_files(presets.tiny(), "bfloat16")
   assert sorted(files) == ["config.json", "generation_config.json"]
   assert b"bfloat16" in files["config.json"]

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import require
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.config import defaults
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.data.experience import to_rollouts
@@ -22,8 +23,8 @@ from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 import tolerances
 
-CFG = models.presets.tiny(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+CFG = presets.tiny(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 PROMPTS = [np.array([3, 1, 4], np.int32), np.array([1, 5, 9, 2, 6, 5, 3], np.int32),
            np.array([5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2], np.int32)]
 SETTINGS = [SamplingParams(temperature=1.0, top_p=0.8, max_tokens=10),
@@ -34,7 +35,7 @@ SETTINGS = [SamplingParams(temperature=1.0, top_p=0.8, max_tokens=10),
 @pytest.fixture(scope="module")
 def params():
   # std 0.2 spreads next-token probability over ~25 tokens, so the filters cut real mass
-  return models.init_params(CFG, jax.random.key(0), std=0.2)
+  return transformer.init_params(CFG, jax.random.key(0), std=0.2)
 
 
 def processing_of(s: SamplingParams) -> LogprobProcessing:
@@ -67,11 +68,11 @@ class ProcessedLogprobsTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_token_logprobs_vs_numpy_and_identity(self):
-    p = models.init_params(CFG, jax.random.key(1), std=0.2)
+    p = transformer.init_params(CFG, jax.random.key(1), std=0.2)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, CFG.vocab_size, (3, 12)).astype(np.int32)
     targets = rng.integers(0, CFG.vocab_size, (3, 12)).astype(np.int32)  # some outside the nucleus
-    logits = np.asarray(models.apply(CFG, p, tokens), np.float64)
+    logits = np.asarray(transformer.apply(CFG, p, tokens), np.float64)
     for proc in (LogprobProcessing(0.7, 8, 0.9), LogprobProcessing(1.0, 0, 0.6),
                  LogprobProcessing(1.4, 4, 1.0)):
       fn = self.variant(functools.partial(token_logprobs, CFG, chunk_size=5, return_entropy=True,
@@ -89,7 +90,7 @@ class ProcessedLogprobsTest(chex.TestCase):
     chex.assert_trees_all_equal(plain, same)
 
   def test_gradients_are_finite_and_flow_through_kept_logits(self):
-    p = models.init_params(CFG, jax.random.key(2), std=0.2)
+    p = transformer.init_params(CFG, jax.random.key(2), std=0.2)
     tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 8)).astype(np.int32)
     proc = LogprobProcessing(0.8, 6, 0.7)
     g = jax.grad(lambda q: jnp.sum(token_logprobs(CFG, q, tokens, tokens, chunk_size=4,
@@ -140,9 +141,9 @@ def test_vllm_fresh_ratio_is_one(params, tmp_path):
   match them (within the engine's own float32 numerics, as tests/rollout/vllm/test_vllm_worker.py measures)."""
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout.weights.file_publisher import WeightPublisher  # pylint: disable=g-import-not-at-top
-  publisher = WeightPublisher(root=str(tmp_path), keep=2)
-  engine = VllmEngine(publisher.publish(CFG, params, version=0), max_model_len=64, max_num_seqs=32,
+  from jaxreplay.rollout.weights.file_publisher import FilePublisher  # pylint: disable=g-import-not-at-top
+  publisher = FilePublisher(CFG, root=str(tmp_path), keep=2)
+  engine = VllmEngine(publisher.publish(params, version=0).hf_dir, max_model_len=64, max_num_seqs=32,
                       seed=0)
   try:
     for settings in SETTINGS[:2]:

@@ -17,19 +17,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.models import hf_io
-from jaxreplay.rollout.weights import shm_format as shm_weights
+from jaxreplay.rollout.weights import shm_format
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.pool import WorkerPool
 from jaxreplay.rollout.weights.shm_publisher import ShmPublisher
-from jaxreplay.rollout.weights.file_publisher import WeightPublisher, remove_stale_roots
+from jaxreplay.rollout.weights.file_publisher import FilePublisher
+from jaxreplay.rollout.weights.publisher import remove_stale_roots
 from conftest import require
 
-TINY = models.presets.tiny()
+TINY = presets.tiny()
 # Untied, with q/k/v biases and no q/k norms: every optional rule of the table.
-QWEN2 = models.presets.tiny(model_type="qwen2", tie_word_embeddings=False, attention_bias=True,
-                            qk_norm=False)
+QWEN2 = presets.tiny(model_type="qwen2", tie_word_embeddings=False, attention_bias=True,
+                     qk_norm=False)
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -38,12 +40,12 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype, kernel_layout):
   """Either kernel layout reads back as the HF state dict (names, order, [out, in] shapes)."""
-  params = models.init_params(cfg, jax.random.key(0))
+  params = transformer.init_params(cfg, jax.random.key(0))
   reference = hf_io.to_hf_state_dict(cfg, jax.device_get(params))
   with ShmPublisher(cfg, dtype, kernel_layout=kernel_layout) as pub:
     weights = pub.publish(params, 3)
     weights.wait(30)
-    version, tensors = shm_weights.read_segment(weights.shm_path, 3)
+    version, tensors = shm_format.read_segment(weights.shm_path, 3)
     assert os.path.dirname(weights.shm_path) == pub.root and pub.root.startswith("/dev/shm/")
     assert sorted(os.listdir(pub.model_dir)) == ["config.json", "generation_config.json"]
   assert version == 3
@@ -61,12 +63,12 @@ def test_segment_round_trip_names_dtypes_shapes_values(cfg, dtype, kernel_layout
 def test_default_copy_transposes_in_slabs_exactly(shape, dtype):
   """The slab-blocked transpose equals numpy's `.T` (row counts off the slab size, casts)."""
   src = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-  want = np.ascontiguousarray(src.T).astype(shm_weights.DTYPES[dtype])
-  dst = np.empty(tuple(reversed(shape)), shm_weights.DTYPES[dtype])
-  shm_weights.default_copy(dst, src, transpose=True)
+  want = np.ascontiguousarray(src.T).astype(shm_format.DTYPES[dtype])
+  dst = np.empty(tuple(reversed(shape)), shm_format.DTYPES[dtype])
+  shm_format.default_copy(dst, src, transpose=True)
   np.testing.assert_array_equal(dst.view(np.uint8), want.view(np.uint8))
   flat = np.empty(shape, np.float32)
-  shm_weights.default_copy(flat, src, transpose=False)
+  shm_format.default_copy(flat, src, transpose=False)
   np.testing.assert_array_equal(flat, src)
 
 
@@ -74,10 +76,10 @@ def test_jax_layout_stores_one_module_s_kernels_side_by_side():
   """kernel_layout "jax": q/k/v/o_proj (same input size) share one row-major [in, 384] block in
   column order, gate/up share another, down_proj (other input size) and non-kernels stand alone;
   each HF view is a strided view of its block."""
-  params = models.init_params(TINY, jax.random.key(0))
+  params = transformer.init_params(TINY, jax.random.key(0))
   with ShmPublisher(TINY, "float32", kernel_layout="jax") as pub:
     weights = pub.publish(params, 0)
-    with shm_weights.SegmentReader(weights.shm_path, 0) as reader:
+    with shm_format.SegmentReader(weights.shm_path, 0) as reader:
       entries = {e[0]: e for e in reader.header["tensors"]}
       views = dict(reader.tensors())
       attn = "model.layers.0.self_attn."
@@ -95,7 +97,7 @@ def test_jax_layout_stores_one_module_s_kernels_side_by_side():
 def test_jax_layout_writes_on_the_trainer_thread_and_survives_donation():
   """kernel_layout "jax": publish returns with the segment written (no staging copy, no
   background write), so the params may be donated at once."""
-  params = models.init_params(TINY, jax.random.key(1))
+  params = transformer.init_params(TINY, jax.random.key(1))
   reference = hf_io.to_hf_state_dict(TINY, jax.device_get(params))
   with ShmPublisher(TINY, "float32", kernel_layout="jax") as pub:
     weights = pub.publish(params, 1)
@@ -104,7 +106,7 @@ def test_jax_layout_writes_on_the_trainer_thread_and_survives_donation():
     assert 0 < record.write_s <= record.stall_s
     for leaf in jax.tree_util.tree_leaves(params):
       leaf.delete()
-    _, tensors = shm_weights.read_segment(weights.shm_path, 1)
+    _, tensors = shm_format.read_segment(weights.shm_path, 1)
   for name, ref in reference.items():
     np.testing.assert_array_equal(tensors[name], ref, err_msg=name)
   with pytest.raises(ValueError, match="kernel_layout"):
@@ -120,20 +122,20 @@ def test_copies_split_across_threads_equal_one_copy():
   sources = [("a.b.w", (40, 300), True, lambda: kernel), ("a.b.v", (5000,), False, lambda: vector)]
   root = os.path.join("/dev/shm", f"jaxreplay-test-copies-{os.getpid()}")
   os.makedirs(root)
-  ring = shm_weights.SlotRing(root, copy_threads=3)
-  old = shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES
-  shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES = 1024, 0  # many pieces
+  ring = shm_format.SlotRing(root, copy_threads=3)
+  old = shm_format.COPY_CHUNK_BYTES, shm_format.PARALLEL_COPY_MIN_BYTES
+  shm_format.COPY_CHUNK_BYTES, shm_format.PARALLEL_COPY_MIN_BYTES = 1024, 0  # many pieces
   try:
     for source_layout in (False, True):
       path, nbytes = ring.write(sources, "float32", 1, set(), source_layout=source_layout)
       mapping = ring._slots[0]["mm"]  # pylint: disable=protected-access
-      _, got = shm_weights.read_segment(path, 1)
+      _, got = shm_format.read_segment(path, 1)
       np.testing.assert_array_equal(got["a.b.w"], kernel.T)
       np.testing.assert_array_equal(got["a.b.v"], vector)
       assert nbytes == (kernel.size + vector.size) * 4
     assert ring._slots[0]["mm"] is mapping  # pylint: disable=protected-access
   finally:
-    shm_weights.COPY_CHUNK_BYTES, shm_weights.PARALLEL_COPY_MIN_BYTES = old
+    shm_format.COPY_CHUNK_BYTES, shm_format.PARALLEL_COPY_MIN_BYTES = old
     ring.remove()
     os.rmdir(root)
 
@@ -145,12 +147,12 @@ def test_reader_mapping_follows_a_replaced_slot_file():
   os.makedirs(root)
   try:
     for value in (1.0, 2.0, 3.0):
-      ring = shm_weights.SlotRing(root)
+      ring = shm_format.SlotRing(root)
       tensor = np.full((64,), value, np.float32)
       path, _ = ring.write([("x", (64,), False, lambda t=tensor: t)], "float32", 7, set())
       assert path.endswith("slot-0.seg")
-      np.testing.assert_array_equal(shm_weights.read_segment(path, 7)[1]["x"], tensor)
-      np.testing.assert_array_equal(shm_weights.read_segment(path, 7)[1]["x"], tensor)
+      np.testing.assert_array_equal(shm_format.read_segment(path, 7)[1]["x"], tensor)
+      np.testing.assert_array_equal(shm_format.read_segment(path, 7)[1]["x"], tensor)
       ring.remove()
   finally:
     os.rmdir(root)
@@ -159,16 +161,16 @@ def test_reader_mapping_follows_a_replaced_slot_file():
 def test_publish_returns_after_the_host_copy_and_survives_donation(monkeypatch):
   """The segment write is held back: publish still returns (the trainer goes on), the handle is
   not ready, and the params may be deleted (donated) at once; the segment holds them all the same."""
-  params = models.init_params(TINY, jax.random.key(1))
+  params = transformer.init_params(TINY, jax.random.key(1))
   reference = hf_io.to_hf_state_dict(TINY, jax.device_get(params))
   release = threading.Event()
-  fill = shm_weights.Reservation.fill
+  fill = shm_format.Reservation.fill
 
   def slow_fill(self, *args, **kwargs):
     assert release.wait(30)
     return fill(self, *args, **kwargs)
 
-  monkeypatch.setattr(shm_weights.Reservation, "fill", slow_fill)
+  monkeypatch.setattr(shm_format.Reservation, "fill", slow_fill)
   with ShmPublisher(TINY, "float32") as pub:
     pub.publish(params, 0)  # compiles nothing more later; release it and go on
     release.set()
@@ -185,13 +187,13 @@ def test_publish_returns_after_the_host_copy_and_survives_donation(monkeypatch):
     release.set()
     weights.wait(30)
     assert weights.is_ready() and pub.latest.write_s > 0
-    _, tensors = shm_weights.read_segment(weights.shm_path, 1)
+    _, tensors = shm_format.read_segment(weights.shm_path, 1)
   for name, ref in reference.items():
     np.testing.assert_array_equal(tensors[name], ref, err_msg=name)
 
 
 def test_versions_are_tagged_and_newest_slots_never_reused():
-  params = models.init_params(TINY, jax.random.key(0))
+  params = transformer.init_params(TINY, jax.random.key(0))
   with ShmPublisher(TINY, "float32", keep=2) as pub:
     w1 = pub.publish(params, 1)
     w2 = pub.publish(params, 2)
@@ -203,15 +205,15 @@ def test_versions_are_tagged_and_newest_slots_never_reused():
     w3 = pub.publish(params, 3)
     w3.wait(30)
     assert w3.shm_path == w1.shm_path
-    with pytest.raises(shm_weights.StaleWeights, match="holds version 3, not 1"):
-      shm_weights.read_segment(w1.shm_path, 1)
+    with pytest.raises(shm_format.StaleWeights, match="holds version 3, not 1"):
+      shm_format.read_segment(w1.shm_path, 1)
     # A slot being read is never rewritten: with w3's being read, v4 gets a new slot.
-    with shm_weights.SegmentReader(w2.shm_path, 2) as reader:
+    with shm_format.SegmentReader(w2.shm_path, 2) as reader:
       w4 = pub.publish(params, 4)
       w4.wait(30)
       assert w4.shm_path not in (w2.shm_path, w3.shm_path)
       assert reader.version == 2
-    assert shm_weights.read_segment(w4.shm_path, 4)[0] == 4
+    assert shm_format.read_segment(w4.shm_path, 4)[0] == 4
     assert Weights(4, shm_path=w4.shm_path, cfg=TINY) == w4  # `ready` is not compared
     assert w4.portable().ready is None and w4.portable().shm_path == w4.shm_path
 
@@ -224,11 +226,12 @@ def test_segments_of_a_killed_run_are_removed_and_a_normal_exit_leaves_none(tmp_
       import sys, time
       sys.path.insert(0, {REPO!r})
       import jax
-      from jaxreplay import models
+      from jaxreplay.models import presets
+      from jaxreplay.models import transformer
       from jaxreplay.rollout.weights.shm_publisher import ShmPublisher
-      cfg = models.presets.tiny()
+      cfg = presets.tiny()
       pub = ShmPublisher(cfg, "float32")
-      pub.publish(models.init_params(cfg, jax.random.key(0)), 0).wait()
+      pub.publish(transformer.init_params(cfg, jax.random.key(0)), 0).wait()
       print(pub.root, flush=True)
       if sys.argv[1] == "hang":
         time.sleep(600)
@@ -289,7 +292,7 @@ def test_pool_retries_a_superseded_load_at_the_newest_version():
     def load_weights(self, weights):
       if weights.version == 1:
         pool_box[0].refresh(Weights(4, hf_dir="/weights/v4"))  # published while this one loaded
-        raise shm_weights.StaleWeights("slot of version 1 holds version 4")
+        raise shm_format.StaleWeights("slot of version 1 holds version 4")
       super().load_weights(weights)
 
   def make_worker(i):
@@ -331,9 +334,9 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
-  params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
+  params = [transformer.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)  # temperature 1: log-probs comparable with the JAX forward
-  with ShmPublisher(TINY, "float32", keep=2) as shm, WeightPublisher(root=str(tmp_path)) as files:
+  with ShmPublisher(TINY, "float32", keep=2) as shm, FilePublisher(TINY, root=str(tmp_path)) as files:
     engine = VllmEngine(shm.model_dir, weights_pending=True, max_model_len=128, max_num_seqs=32)
     try:
       with pytest.raises(RuntimeError, match="weights_pending"):
@@ -341,7 +344,7 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
       phases = engine.load_weights(shm.publish(params[0], 0))
       assert phases["bytes"] == shm.latest.nbytes and phases["repack_s"] <= phases["load_s"]
       assert logprob_diffs(_generate_fixed(engine, sampling), params[0]).max() < 1e-3
-      engine.load_weights(Weights(1, hf_dir=files.publish(TINY, params[1], 1)))
+      engine.load_weights(files.publish(params[1], 1))
       by_file = _generate_fixed(engine, sampling)
       engine.load_weights(shm.publish(params[0], 2))  # away and back: a real refresh
       engine.load_weights(shm.publish(params[1], 3))
@@ -353,11 +356,11 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
           np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-6)
       assert logprob_diffs(by_shm, params[1]).max() < 1e-3
       # A superseded segment is refused and the engine keeps the weights it had.
-      stale = Weights(2, shm_path=shm.history[-2].shm_path)
+      stale = Weights(2, shm_path=shm.history[-2].location)
       shm.publish(params[0], 4).wait(30)
       shm.publish(params[0], 5).wait(30)
-      assert shm_weights.read_segment(stale.shm_path)[0] == 4  # keep=2: v2's slot went to v4
-      with pytest.raises(shm_weights.StaleWeights, match="holds version 4, not 2"):
+      assert shm_format.read_segment(stale.shm_path)[0] == 4  # keep=2: v2's slot went to v4
+      with pytest.raises(shm_format.StaleWeights, match="holds version 4, not 2"):
         engine.load_weights(stale)
       assert engine.policy_version == 3
       chex.assert_trees_all_close(
@@ -371,14 +374,14 @@ def test_engine_refreshed_through_shm_matches_the_file_path(tmp_path):
 @pytest.mark.parametrize("cfg,dtype", [(TINY, "float32"), (QWEN2, "float32"), (TINY, "bfloat16")],
                          ids=["qwen3_tied", "qwen2_untied_bias", "qwen3_tied_bf16"])
 def test_direct_cpu_load_equals_vllm_generic_reload(cfg, dtype):
-  """CPU engines re-pack each linear layer straight from the segment (`vllm_direct_load`): from
+  """CPU engines re-pack each linear layer straight from the segment (`rollout.vllm.direct_load`): from
   a trainer-layout segment (q/k/v side by side: no copy) and from an HF-layout one, the engine
   generates exactly what vLLM's generic layerwise reload gives, and matches the JAX forward (f32;
   bf16 engines to bf16 rounding)."""
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
-  params = [models.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
+  params = [transformer.init_params(cfg, jax.random.key(s)) for s in (0, 1)]
   sampling = SamplingParams(max_tokens=16)
   tolerance = 1e-3 if dtype == "float32" else 5e-2
   with ShmPublisher(cfg, dtype, keep=2, kernel_layout="jax") as jax_layout, \
@@ -408,11 +411,11 @@ def test_direct_cpu_load_equals_vllm_generic_reload(cfg, dtype):
       names = hf_io.hf_names(cfg)
 
       def probe(worker):
-        from jaxreplay.rollout.vllm import direct_load as vllm_direct_load  # pylint: disable=g-import-not-at-top
+        from jaxreplay.rollout.vllm import direct_load  # pylint: disable=g-import-not-at-top
         model = worker.model_runner.get_model()
         partial = [n for n in names if "k_proj.weight" not in n]
-        return (vllm_direct_load.plan(model, names) is not None,
-                vllm_direct_load.plan(model, partial) is None)
+        return (direct_load.plan(model, names) is not None,
+                direct_load.plan(model, partial) is None)
       assert engine._llm.collective_rpc(probe) == [(True, True)]  # pylint: disable=protected-access
     finally:
       engine.close()
@@ -423,14 +426,14 @@ def test_worker_process_through_the_rollout_backend_uses_shm():
   """`RolloutBackend` (vllm, transport shm): the worker process starts from the config-only dir,
   loads the published segment, and a refresh after the trainer's params changed lands."""
   require("vllm")
-  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import defaults  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32
   assert c.rollout.weight_transport == "shm"
-  params = [models.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
-  backend = workers.RolloutBackend(c, TINY, stop_ids=(2,))
+  params = [transformer.init_params(TINY, jax.random.key(s)) for s in (0, 1)]
+  backend = backends.RolloutBackend(c, TINY, stop_ids=(2,))
   worker = None
   try:
     w0 = backend.publish(params[0], 0)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jaxreplay.run import accounting
-from jaxreplay.run import metrics_row as run_metrics
+from jaxreplay.run import metrics_row
 from jaxreplay.data.buffer import ReplayBuffer
 from jaxreplay.config.defaults import base_config
 from jaxreplay.rollout.base import Completion, Group
@@ -34,8 +34,8 @@ def make(kind, **overrides):
   acct.add_training(1.0, 400)
   sim = SimState(clock=3.0, generation_device_seconds=10.0, training_device_seconds=4.0,
                  reference_tokens=7.5)
-  probe = run_metrics.MismatchProbe(lambda p, b: None, 0, (16,), 1)
-  return run_metrics.RunMetrics.from_config(c, ReplayBuffer(8), acct, Task(), Intake(), sim, probe)
+  probe = metrics_row.MismatchProbe(lambda p, b: None, 0, (16,), 1)
+  return metrics_row.RunMetrics.from_config(c, ReplayBuffer(8), acct, Task(), Intake(), sim, probe)
 
 
 def test_simulated_row_reports_the_modelled_mu_and_gamma_and_the_measured_ones_apart():
@@ -60,7 +60,7 @@ def test_sync_gamma_is_the_cost_per_update_over_on_policy():
   m = make("sync", **{"buffer.batch_size": 60, "scheduler.rollouts_per_step": 20})
   row = m.row(1, 1, {})
   assert row["compute/gamma"] == pytest.approx((60 + 5.28 * 20) / (6.28 * 60))
-  assert run_metrics.sync_gamma(60, 60, 5.28) == pytest.approx(1.0)  # N = B = R: on-policy
+  assert metrics_row.sync_gamma(60, 60, 5.28) == pytest.approx(1.0)  # N = B = R: on-policy
 
 
 def test_async_row_uses_the_measured_compute():
@@ -78,7 +78,7 @@ def test_mismatch_probe_compares_trainer_and_sampler_logprobs():
 
   def trainer_logprobs(params, batch):
     return np.where(batch.completion_mask > 0, batch.behaviour_logprobs + params, 0.0)
-  probe = run_metrics.MismatchProbe(trainer_logprobs, 0, (8,), every=2)
+  probe = metrics_row.MismatchProbe(trainer_logprobs, 0, (8,), every=2)
   assert probe.due(4) and not probe.due(3)
   probe.check_groups(0.1, groups)
   assert probe.latest["mismatch/tokens"] == 2.0

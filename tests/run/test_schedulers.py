@@ -319,11 +319,3 @@ def test_schedules_answer_what_they_are():
   with pytest.raises(ValueError, match="expected one of"):
     schedules.schedule_class("nope")
 
-
-def test_old_schedule_import_paths_keep_working():
-  import jaxreplay.schedulers as old  # pylint: disable=g-import-not-at-top
-  from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top
-  for name in ("AsyncScheduler", "FollowerScheduler", "GenerationCost", "Hooks", "LeaderStopped",
-               "LocalWorker", "SimState", "SimulatedScheduler", "SyncScheduler", "decode_group",
-               "encode_group", "MakeWorker", "Job"):
-    assert getattr(old, name) is getattr(schedules, name)

@@ -9,7 +9,7 @@ import pytest
 
 from jaxreplay.config import validation
 from jaxreplay.science import stats as st
-from jaxreplay.science import runner as experiments
+from jaxreplay.science import runner
 from jaxreplay.science import sweeps
 
 # ---- statistics -------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_compute_grid_and_values():
 
 def test_every_sweep_resolves_on_the_default_config(monkeypatch):
   monkeypatch.setattr(sweeps, "_task_holds", lambda task_json, n: True)  # no task built here
-  plans = {s.name: experiments.plan_sweep(s, s.min_seeds) for s in sweeps.SWEEPS.values()}
+  plans = {s.name: runner.plan_sweep(s, s.min_seeds) for s in sweeps.SWEEPS.values()}
   assert len(plans["fig1"]["specs"]) == 8
   for plan in plans.values():
     assert len({s.rel_dir for s in plan["specs"]}) == len(plan["specs"])
@@ -133,14 +133,14 @@ def test_every_sweep_resolves_on_the_default_config(monkeypatch):
     assert o["buffer.batch_size"] <= o["buffer.size"]
     assert o["scheduler.rollouts_per_step"] % 8 == 0
     # A rollout costs the same to train on in every arm: train seconds / B is constant.
-    base = experiments.load_config(sweeps.DEFAULT_CONFIG)
+    base = runner.load_config(sweeps.DEFAULT_CONFIG)
     assert o["scheduler.train_seconds_per_step"] / o["buffer.batch_size"] == pytest.approx(
         base.scheduler.train_seconds_per_step / base.buffer.batch_size)
   # Every run's config passes the launcher's validation (no run would fail at start-up).
   from jaxreplay.run import build  # pylint: disable=g-import-not-at-top  (jax)
   for plan in plans.values():
     for s in plan["specs"]:
-      c = experiments.load_config(s.config)
+      c = runner.load_config(s.config)
       sweeps.apply(c, s.overrides)
       validation.validate_config(c)
   w = {s.arm: dict(s.overrides) for s in plans["wt_sweep"]["specs"]}
@@ -149,8 +149,8 @@ def test_every_sweep_resolves_on_the_default_config(monkeypatch):
   assert all(dict(s.overrides)["eval.num_problems"] == 1024 for s in plans["fig1"]["specs"])
   # A task too small for 1024 held-out problems keeps the base config's own number.
   monkeypatch.setattr(sweeps, "_task_holds", lambda task_json, n: False)
-  assert dict(experiments.plan_sweep(sweeps.SWEEPS["fig1"], 1)["specs"][0].overrides)[
-      "eval.num_problems"] == experiments.load_config(sweeps.DEFAULT_CONFIG).eval.num_problems
+  assert dict(runner.plan_sweep(sweeps.SWEEPS["fig1"], 1)["specs"][0].overrides)[
+      "eval.num_problems"] == runner.load_config(sweeps.DEFAULT_CONFIG).eval.num_problems
 
 
 # ---- resumability, with a fake launcher ---------------------------------------------------------
@@ -200,14 +200,14 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
   out = str(tmp_path / "exp")
   fake = FakeLauncher(fail={"runs/fig1/replay/seed1"})
   argv = ["--sweep=fig1,asymre", "--seeds=2", f"--out={out}", "--quick"]
-  assert experiments.main(argv, runner=fake) == 1   # one run was killed
+  assert runner.main(argv, runner=fake) == 1   # one run was killed
   # asymre/grpo is the same run as fig1/replay: launched once.
   assert sorted(fake.calls) == ["runs/asymre/asymre/seed0", "runs/asymre/asymre/seed1",
                                 "runs/fig1/onpolicy/seed0", "runs/fig1/onpolicy/seed1",
                                 "runs/fig1/replay/seed0", "runs/fig1/replay/seed1"]
   assert not os.path.exists(os.path.join(out, "runs/fig1/replay/seed1/done.json"))
   fake.calls.clear()
-  assert experiments.main(argv, runner=fake) == 0   # resumes only the killed run
+  assert runner.main(argv, runner=fake) == 0   # resumes only the killed run
   assert fake.calls == ["runs/fig1/replay/seed1"]
   done = json.load(open(os.path.join(out, "runs/fig1/replay/seed1/done.json")))
   assert done["attempts"] == 2 and "jaxreplay.launch" in done["command"]
@@ -216,7 +216,7 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
   first = open(os.path.join(out, "results.json"), "rb").read()
   figures = _read_figures(out)
   fake.calls.clear()
-  assert experiments.main(argv, runner=fake) == 0
+  assert runner.main(argv, runner=fake) == 0
   assert fake.calls == []
   assert open(os.path.join(out, "results.json"), "rb").read() == first
   assert _read_figures(out) == figures
@@ -226,7 +226,7 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
       assert "record.json" in files
     if "metrics.jsonl" in files:
       os.remove(os.path.join(root, "metrics.jsonl"))
-  assert experiments.main(argv + ["--report_only"], runner=fake) == 0
+  assert runner.main(argv + ["--report_only"], runner=fake) == 0
   assert fake.calls == []
   assert open(os.path.join(out, "results.json"), "rb").read() == first
   res = json.loads(first)
@@ -242,18 +242,18 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
   # A run directory from other settings is an error, not a silent mix, and changes nothing.
   plans = open(os.path.join(out, "plans", "fig1.json"), "rb").read()
   with pytest.raises(RuntimeError, match="other settings"):
-    experiments.main(argv + ["--budget=50"], runner=fake)
+    runner.main(argv + ["--budget=50"], runner=fake)
   assert open(os.path.join(out, "plans", "fig1.json"), "rb").read() == plans
   # One command at a time per output directory.
   with open(os.path.join(out, ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    assert experiments.main(argv, runner=fake) == 2
+    assert runner.main(argv, runner=fake) == 2
 
 
 def test_runs_start_seed_major(tmp_path):
   fake = FakeLauncher()
   argv = ["--sweep=positive_bias", "--seeds=2", f"--out={tmp_path}", "--quick", "--parallel=1"]
-  assert experiments.main(argv, runner=fake) == 0
+  assert runner.main(argv, runner=fake) == 0
   assert [c.rsplit("/", 1)[1] for c in fake.calls] == ["seed0"] * 3 + ["seed1"] * 3
   assert fake.calls[:3] == ["runs/positive_bias/replay/seed0", "runs/positive_bias/delta0.2/seed0",
                             "runs/positive_bias/delta0.5/seed0"]
@@ -261,8 +261,8 @@ def test_runs_start_seed_major(tmp_path):
 
 def test_sweep_figures_from_fake_runs(tmp_path):
   out = str(tmp_path / "exp")
-  assert experiments.main(["--sweep=lr_sweep,n_sweep", "--seeds=1", f"--out={out}", "--quick"],
-                          runner=FakeLauncher()) == 0
+  assert runner.main(["--sweep=lr_sweep,n_sweep", "--seeds=1", f"--out={out}", "--quick"],
+                     runner=FakeLauncher()) == 0
   figs = set(os.listdir(os.path.join(out, "figures")))
   assert {"lr_sweep_pareto.png", "n_sweep_final_peak.png", "n_sweep_entropy.png"} <= figs
 
@@ -275,11 +275,11 @@ def test_quick_sweep_end_to_end(tmp_path, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as a user's run
   # The tiny task holds ~900 held-out problems: the full protocol keeps its own 512; the
   # scratchpad task (the sweeps' base) holds the protocol's 1024.
-  assert sweeps.eval_problems(experiments.load_config("configs/tiny.py")) == 512
-  assert sweeps.eval_problems(experiments.load_config(sweeps.DEFAULT_CONFIG)) == 1024
+  assert sweeps.eval_problems(runner.load_config("configs/tiny.py")) == 512
+  assert sweeps.eval_problems(runner.load_config(sweeps.DEFAULT_CONFIG)) == 1024
   out = str(tmp_path / "exp")
   argv = ["--sweep=fig1", "--seeds=1", f"--out={out}", "--quick", "--parallel=2"]
-  assert experiments.main(argv) == 0
+  assert runner.main(argv) == 0
   res = json.load(open(os.path.join(out, "results.json")))
   plan = res["sweeps"]["fig1"]
   assert plan["finished_runs"] == 2
@@ -291,7 +291,7 @@ def test_quick_sweep_end_to_end(tmp_path, monkeypatch):
     assert run["curve"][-1]["eval/pass@4"] >= run["curve"][-1]["eval/pass@1_t1"]
   assert os.path.isfile(os.path.join(out, "figures", "fig1_accuracy.png"))
   first = open(os.path.join(out, "results.json"), "rb").read()
-  assert experiments.main(argv) == 0   # every run finished: nothing relaunched
+  assert runner.main(argv) == 0   # every run finished: nothing relaunched
   assert open(os.path.join(out, "results.json"), "rb").read() == first
 
 
@@ -311,12 +311,12 @@ def test_sparse_metric_is_not_interpolated_across_skipped_evaluations():
 def test_theorem45_vs_sweep_on_fake_sync_grid(tmp_path):
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(
-      "theorem45_vs_sweep", os.path.join(experiments.REPO, "bench", "theorem45_vs_sweep.py"))
+      "theorem45_vs_sweep", os.path.join(runner.REPO, "bench", "theorem45_vs_sweep.py"))
   t45 = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(t45)
   out = str(tmp_path / "exp")
-  assert experiments.main(["--sweep=sync_grid", "--seeds=1", f"--out={out}", "--quick"],
-                          runner=FakeLauncher()) == 0
+  assert runner.main(["--sweep=sync_grid", "--seeds=1", f"--out={out}", "--quick"],
+                     runner=FakeLauncher()) == 0
   results = json.load(open(os.path.join(out, "results.json")))
   cells = t45.grid_cells(results)
   assert sorted((c["N/R"], c["B/R"]) for c in cells) == [
@@ -383,8 +383,8 @@ def test_record_keeps_thinned_rows_and_every_diagnostics_row():
   rows = [{"step": 0, "eval/pass@1": 0.1}]
   rows += [{"step": s, "loss": 0.1 * s, "reward_mean": 0.5, "time/step_s": 0.01,
             **({"diag/noise_scale": 50.0 + s} if s % 10 == 1 else {})} for s in range(1, 601)]
-  kept = experiments._thinned_rows(rows)  # pylint: disable=protected-access
+  kept = runner._thinned_rows(rows)  # pylint: disable=protected-access
   diag = [r for r in kept if "diag/noise_scale" in r]
   assert len(diag) == 60 and all(r["diag/noise_scale"] == 50.0 + r["step"] for r in diag)
-  assert len(kept) <= 60 + experiments.MAX_ROWS + 1 and kept[-1]["step"] == 600
+  assert len(kept) <= 60 + runner.MAX_ROWS + 1 and kept[-1]["step"] == 600
   assert all("time/step_s" not in r and "loss" in r for r in kept)  # trimmed to ROW_KEYS + diag/*

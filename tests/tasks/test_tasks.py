@@ -327,7 +327,7 @@ def test_build_accepts_num_digits_5_and_names_bad_task_keys():
 
 
 def test_make_task_errors():
-  assert isinstance(tasks.make_task("arithmetic", num_digits=(1, 1)), tasks.ArithmeticTask)
+  assert isinstance(tasks.make_task("arithmetic", num_digits=(1, 1)), arithmetic.ArithmeticTask)
   with pytest.raises(ValueError, match="needs path"):
     tasks.make_task("math")
   with pytest.raises(ValueError, match="unknown task"):

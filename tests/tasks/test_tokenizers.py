@@ -66,7 +66,7 @@ def write_tokenizer(out_dir, special, plain, template, **tokens):
 
 def write_model_dir(out_dir, model_type, config, generation):
   """config.json (a 1-layer model of `model_type` with the real vocab and token ids) and
-  generation_config.json: what `build.model_config` and `tasks.model_eos_ids` read."""
+  generation_config.json: what `build.model_config` and `tokenizer.model_eos_ids` read."""
   from jaxreplay.models.config import ModelConfig
   cfg = ModelConfig(model_type=model_type, vocab_size=config["vocab_size"], hidden_size=16,
                     intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

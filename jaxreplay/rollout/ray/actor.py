@@ -6,7 +6,7 @@ actor's runtime env when it has no GPU) or an in-process `VllmEngine`, started w
 shipped by the driver (another node cannot read the driver's /dev/shm). Actors start without
 weights (version -1): the driver loads them (`RayRolloutGroup.make_worker`), also after a restart.
 A vLLM actor copies the received tensors into a node-local shared-memory segment
-(`shm_weights.SlotRing`) and loads it through the engine's tested path (`VllmEngine.load_weights`
+(`shm_format.SlotRing`) and loads it through the engine's tested path (`VllmEngine.load_weights`
 with `shm_path`: vLLM's weight-transfer session); a JAX actor `device_put`s the pytree. The
 worker's module (JAX sampler or vLLM engine) is imported only by the actors that run it.
 """
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from jaxreplay.rollout.weights import shm_format as shm_weights
+from jaxreplay.rollout.weights import shm_format
 from jaxreplay.rollout.base import Group, SamplingParams, Weights
 
 
@@ -75,7 +75,7 @@ class RolloutActor:
                                policy_version=-1)
     elif spec.backend == "vllm":
       from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
-      from jaxreplay.rollout.weights.file_publisher import claim_root  # pylint: disable=g-import-not-at-top
+      from jaxreplay.rollout.weights.publisher import claim_root  # pylint: disable=g-import-not-at-top
       # This node's /dev/shm: the config-only model dir and the segment the engine loads from.
       self._root, _, self._owner_fd = claim_root(None)
       model_dir = os.path.join(self._root, "model")
@@ -83,7 +83,7 @@ class RolloutActor:
       for name, data in spec.config_files.items():
         with open(os.path.join(model_dir, name), "wb") as f:
           f.write(data)
-      self._ring = shm_weights.SlotRing(self._root)
+      self._ring = shm_format.SlotRing(self._root)
       self.worker = VllmEngine(model_dir, weights_pending=True, policy_version=-1,
                                seed=spec.seed_of(index), eos_token_ids=spec.eos_token_ids,
                                dtype=spec.dtype, env=dict(spec.env), **spec.engine_kwargs)
@@ -143,7 +143,7 @@ class RolloutActor:
     if self._ring is not None:
       self._ring.remove()
     if self._root is not None:
-      from jaxreplay.rollout.weights.file_publisher import release_root  # pylint: disable=g-import-not-at-top
+      from jaxreplay.rollout.weights.publisher import release_root  # pylint: disable=g-import-not-at-top
       release_root(self._root, True, self._owner_fd)
       self._root = self._owner_fd = None
 

@@ -19,9 +19,11 @@ import pytest
 import tiny_runs
 from jaxreplay.config import validation
 from jaxreplay.run import build
-from jaxreplay.config import defaults as config_defaults
-from jaxreplay import models
-from jaxreplay.rollout import backends as workers
+from jaxreplay.config import defaults
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+from jaxreplay.rollout import backends
 from jaxreplay.models import hf_io
 from jaxreplay.rollout.base import SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.jax_sampler import JaxSampler
@@ -30,7 +32,7 @@ from jaxreplay.rollout.pool import WorkerPool
 from jaxreplay.rollout.base import StaleWeights
 from conftest import require
 
-CFG = models.presets.tiny()
+CFG = presets.tiny()
 PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32),
            np.array([1, 40], np.int32)]
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
@@ -51,13 +53,13 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def params():
-  return [models.init_params(CFG, jax.random.key(s)) for s in (0, 1, 2)]
+  return [transformer.init_params(CFG, jax.random.key(s)) for s in (0, 1, 2)]
 
 
 def jax_spec(**kwargs):
-  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
-  return ray_workers.WorkerSpec("jax", CFG, max_len=64, sampler_batch_size=16,
-                                eos_token_ids=(CFG.eos_token_id,), seed=7, **kwargs)
+  from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
+  return ray_group.WorkerSpec("jax", CFG, max_len=64, sampler_batch_size=16,
+                              eos_token_ids=(CFG.eos_token_id,), seed=7, **kwargs)
 
 
 def assert_same_groups(got, want, version):
@@ -74,17 +76,17 @@ def assert_same_groups(got, want, version):
 
 def test_jax_actor_matches_the_in_process_sampler_through_object_store_refreshes(ray_cluster,
                                                                                   params):
-  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
   spec = jax_spec()
-  with ray_workers.RayRolloutGroup(spec, 1) as group, \
-      ray_workers.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
+  with ray_group.RayRolloutGroup(spec, 1) as group, \
+      ray_group.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
     assert group.pg is not None and group.bundle == {"CPU": 1.0} and not group.owns_ray
     w0 = pub.publish(params[0], 0)
     assert w0.object_ref is w0.ready and w0.params is None  # the handle carries no arrays
     start = time.perf_counter()
     worker = group.make_worker(0, w0)
     print(f"\nJAX actor start + first load: {time.perf_counter() - start:.1f} s; publish stall "
-          f"{pub.latest.stall_s * 1e3:.1f} ms, put {pub.latest.put_s * 1e3:.1f} ms, load "
+          f"{pub.latest.stall_s * 1e3:.1f} ms, put {pub.latest.write_s * 1e3:.1f} ms, load "
           f"{worker.last_load_phases}")
     assert worker.policy_version == 0 and worker.pid != os.getpid()
     assert worker.info["backend"] == "jax" and worker.info["node_id"]
@@ -123,10 +125,10 @@ def test_jax_actor_matches_the_in_process_sampler_through_object_store_refreshes
 
 
 def test_object_store_hf_payload_is_the_hf_state_dict_in_the_engine_dtype(ray_cluster, params):
-  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
   ray = ray_cluster
-  with ray_workers.ObjectStorePublisher(CFG, "hf", "bfloat16", keep=1) as pub:
-    stored = ray_workers.stored_weights(pub.publish(params[0], 5))
+  with ray_group.ObjectStorePublisher(CFG, "hf", "bfloat16", keep=1) as pub:
+    stored = ray_group.stored_weights(pub.publish(params[0], 5))
     payload = ray.get(stored.ref)
   reference = hf_io.to_hf_state_dict(CFG, jax.device_get(params[0]))
   assert list(payload) == list(reference)  # HF names, HF order
@@ -165,10 +167,10 @@ def test_killed_actor_is_restarted_by_ray_and_the_pool_keeps_running(ray_cluster
   the pool re-attaches (restarts >= 1) and the group brings it to the pool's newest weights (a
   restarted actor holds none: a generate would fail the pool); with its restarts used up the actor
   is dead for good (WorkerDied)."""
-  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
   slow = SamplingParams(temperature=1.0, max_tokens=50, seed=1)
-  with ray_workers.RayRolloutGroup(jax_spec(), 1, max_restarts=1) as group, \
-      ray_workers.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
+  with ray_group.RayRolloutGroup(jax_spec(), 1, max_restarts=1) as group, \
+      ray_group.ObjectStorePublisher(CFG, "params", None, keep=2) as pub:
     w0 = pub.publish(params[0], 0)
     w1 = pub.publish(params[1], 1)
     deliveries, dropped, killed, taken = [], [], [], [0]
@@ -220,12 +222,12 @@ def test_vllm_actor_loads_object_store_weights_and_matches_the_jax_model(ray_clu
   """Through `RolloutBackend` (placement ray, vllm, simulated schedule: one actor): the engine
   starts from the config files it was shipped and loads the object-store state dicts."""
   require("vllm")
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.rollout.backend = "vllm"
   c.rollout.placement = "ray"
   c.rollout.vllm_max_num_seqs = 32
   c.model.max_len = 128
-  backend = workers.RolloutBackend(c, CFG, (CFG.eos_token_id,))
+  backend = backends.RolloutBackend(c, CFG, (CFG.eos_token_id,))
   try:
     assert backend.ray_group.num_workers == 1 and backend.ray_group.num_gpus == 0
     start = time.perf_counter()
@@ -247,11 +249,11 @@ def test_vllm_actor_loads_object_store_weights_and_matches_the_jax_model(ray_clu
 
 @jax.jit
 def _token_logprobs(params, tokens):
-  return models.token_logprobs(CFG, params, tokens[:, :-1], tokens[:, 1:])
+  return logprobs_lib.token_logprobs(CFG, params, tokens[:, :-1], tokens[:, 1:])
 
 
 def assert_logprobs_match(groups, right, wrong, version):
-  """The groups' log-probs are `right`'s (models.token_logprobs on one padded [16, 32] batch:
+  """The groups' log-probs are `right`'s (logprobs_lib.token_logprobs on one padded [16, 32] batch:
   one compilation; the tolerance of test_vllm_worker) and far from `wrong`'s."""
   pairs = [(g, c) for g in groups for c in g.completions]
   assert all(g.policy_version == version for g in groups) and len(pairs) <= 16
@@ -293,7 +295,7 @@ def test_simulated_run_over_a_ray_actor_is_the_local_run(tmp_path, ray_cluster, 
 ])
 def test_validate_config_names_bad_ray_keys(key, value, message):
   require("ray")
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.rollout.placement = "ray"
   validation.validate_config(c)  # the defaults are fine
   c.rollout[key] = value
@@ -304,19 +306,19 @@ def test_validate_config_names_bad_ray_keys(key, value, message):
 def test_bad_settings_fail_naming_the_fix(ray_cluster):
   """A bad strategy, an actor whose constructor fails (Ray does not restart it: WorkerDied with
   its error), an address where nothing answers."""
-  from jaxreplay.rollout.ray import group as ray_workers  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
   del ray_cluster
   with pytest.raises(ValueError, match="ray_placement_strategy='TIGHT': expected one of"):
-    ray_workers.RayRolloutGroup(jax_spec(), 1, strategy="TIGHT")
-  spec = ray_workers.WorkerSpec("bogus", CFG, max_len=64)
-  with ray_workers.RayRolloutGroup(spec, 1, max_restarts=3) as group:
+    ray_group.RayRolloutGroup(jax_spec(), 1, strategy="TIGHT")
+  spec = ray_group.WorkerSpec("bogus", CFG, max_len=64)
+  with ray_group.RayRolloutGroup(spec, 1, max_restarts=3) as group:
     with pytest.raises(WorkerDied, match="rollout actor 0 failed to start: ValueError: "
                                          "WorkerSpec.backend='bogus'"):
       group.make_worker(0)
   # Nothing listens on port 1: a clear error at once (Ray alone would retry for minutes). In a
   # fresh interpreter: this one may already be connected to the module's instance.
-  code = ("from jaxreplay.rollout import ray_workers\n"
-          "ray_workers.connect('127.0.0.1:1')\n")
+  code = ("from jaxreplay.rollout.ray import group\n"
+          "group.connect('127.0.0.1:1')\n")
   start = time.perf_counter()
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=120, env=dict(os.environ, PYTHONPATH=REPO))

@@ -11,7 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.models import lora
 from jaxreplay.rollout.base import SamplingParams, StaleWeights, Weights
 from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher
@@ -20,7 +23,7 @@ from conftest import require
 pytestmark = pytest.mark.slow  # vLLM engines start in seconds each
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-CFG = models.presets.tiny()
+CFG = presets.tiny()
 SPEC = lora.LoraSpec(rank=8, alpha=16.0)
 PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32),
            np.array([1, 40], np.int32)]
@@ -44,7 +47,7 @@ def logprob_gap(groups, params):
     tokens = np.zeros((ROWS, COLS), np.int32)
     for i, s in enumerate(chunk):
       tokens[i, :len(s)] = s
-    lp = np.asarray(jax.jit(models.token_logprobs, static_argnums=0)(CFG, params, tokens[:, :-1],
+    lp = np.asarray(jax.jit(logprobs_lib.token_logprobs, static_argnums=0)(CFG, params, tokens[:, :-1],
                                                                       tokens[:, 1:]))
     for i, ((g, c), s) in enumerate(zip(pairs[start:start + ROWS], chunk)):
       gaps.append(np.abs(lp[i, len(g.prompt_tokens) - 1:len(s) - 1] - c.logprobs).max())
@@ -56,9 +59,9 @@ def setup(tmp_path_factory):
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("lora")
-  base = models.init_params(CFG, jax.random.key(0))
+  base = transformer.init_params(CFG, jax.random.key(0))
   base_dir = str(root / "base")
-  models.save_hf(CFG, jax.device_get(base), base_dir)
+  hf_io.save_hf(CFG, jax.device_get(base), base_dir)
   engine = VllmEngine(base_dir, max_lora_rank=lora.vllm_max_lora_rank(SPEC.rank),
                       max_model_len=128, max_num_seqs=64, seed=0, policy_version=-1)
   publisher = AdapterDirPublisher(CFG, SPEC, "float32", root=str(root / "versions"), keep=3,

@@ -1,5 +1,5 @@
 """Tests of the vLLM backend against the JAX model: its log-probs are those of the JAX forward (also
-after a weight refresh through WeightPublisher), sampling filters follow the "processed" semantics,
+after a weight refresh through FilePublisher), sampling filters follow the "processed" semantics,
 and the engine in its own process generates and reports its death."""
 import os
 import signal
@@ -12,18 +12,20 @@ import jax
 import numpy as np
 import pytest
 
-from jaxreplay import models
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.rollout import base
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.vllm.engine import (VllmEngine, VllmWorkerProcess, WorkerDied,
                                            request_seed)
 from jaxreplay.rollout.vllm import worker_side
-from jaxreplay.rollout.weights.file_publisher import WeightPublisher
+from jaxreplay.rollout.weights.file_publisher import FilePublisher
 from conftest import require
 
 pytestmark = pytest.mark.slow  # vLLM engines start in seconds each
 
-CFG = models.presets.tiny()
+CFG = presets.tiny()
 PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np.int32),
            np.array([1, 40], np.int32)]
 
@@ -31,9 +33,9 @@ PROMPTS = [np.array([1, 5, 6, 7], np.int32), np.array([1, 9, 10, 11, 12, 13], np
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   require("vllm")
-  params = [models.init_params(CFG, jax.random.key(s)) for s in (0, 1)]
-  publisher = WeightPublisher(root=str(tmp_path_factory.mktemp("weights")), keep=10)
-  v0 = publisher.publish(CFG, params[0], version=0)
+  params = [transformer.init_params(CFG, jax.random.key(s)) for s in (0, 1)]
+  publisher = FilePublisher(CFG, root=str(tmp_path_factory.mktemp("weights")), keep=10)
+  v0 = publisher.publish(params[0], version=0).hf_dir
   start = time.perf_counter()
   engine = VllmEngine(v0, max_model_len=128, max_num_seqs=64, seed=0)
   print(f"\nvLLM in-process engine start-up: {time.perf_counter() - start:.1f} s")
@@ -43,7 +45,8 @@ def setup(tmp_path_factory):
 
 
 def publish_next(publisher, params):
-  return publisher.publish(CFG, params, version=publisher.latest.version + 1)
+  """The HF directory of the next version."""
+  return publisher.publish(params, version=publisher.latest.version + 1).hf_dir
 
 
 ROWS, COLS = 16, 32  # every JAX call is on one padded [16, 32] shape: it compiles once
@@ -59,17 +62,17 @@ def _padded(seqs):
 
 
 def jax_logprobs_many(params, pairs, cfg=CFG):
-  """models.token_logprobs of each (group, completion)'s completion tokens: a list of f32 [L]."""
+  """logprobs_lib.token_logprobs of each (group, completion)'s completion tokens: a list of f32 [L]."""
   seqs = [np.concatenate([g.prompt_tokens, c.tokens]) for g, c in pairs]
   tokens = _padded(seqs)
-  lp = np.asarray(models.token_logprobs(cfg, params, tokens[:, :-1], tokens[:, 1:]))
+  lp = np.asarray(logprobs_lib.token_logprobs(cfg, params, tokens[:, :-1], tokens[:, 1:]))
   return [lp[i, len(g.prompt_tokens) - 1:len(s) - 1] for i, ((g, _), s) in enumerate(zip(pairs, seqs))]
 
 
 def jax_logits_many(params, pairs):
-  """models.apply logits predicting each completion token: a list of f32 [L, V]."""
+  """transformer.apply logits predicting each completion token: a list of f32 [L, V]."""
   seqs = [np.concatenate([g.prompt_tokens, c.tokens]) for g, c in pairs]
-  logits = np.asarray(models.apply(CFG, params, _padded(seqs)[:, :-1]))
+  logits = np.asarray(transformer.apply(CFG, params, _padded(seqs)[:, :-1]))
   return [logits[i, len(g.prompt_tokens) - 1:len(s) - 1]
           for i, ((g, _), s) in enumerate(zip(pairs, seqs))]
 
@@ -184,16 +187,17 @@ def test_repeated_calls_draw_fresh_samples(setup):
 
 
 def test_shared_names_live_in_base():
-  from jaxreplay.rollout import jax_sampler, vllm_worker  # pylint: disable=g-import-not-at-top
-  assert vllm_worker.WorkerDied is base.WorkerDied
-  assert vllm_worker.GREEDY_EPS == jax_sampler.GREEDY_EPS == base.GREEDY_EPS == 1e-5
+  from jaxreplay.rollout import jax_sampler  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  assert engine_lib.WorkerDied is base.WorkerDied
+  assert engine_lib.GREEDY_EPS == jax_sampler.GREEDY_EPS == base.GREEDY_EPS == 1e-5
 
 
 def test_load_weights_switches_to_new_params(setup):
   engine, params, publisher = setup
   sampling = SamplingParams(max_tokens=24)
-  v1 = publisher.publish(CFG, params[1], version=1)
-  assert publisher.last_publish_seconds > 0
+  v1 = publisher.publish(params[1], version=1).hf_dir
+  assert publisher.latest.stall_s > 0
   engine.load_weights(Weights(1, hf_dir=v1))
   print(f"\nvLLM reload_weights (tiny model): {engine.last_update_seconds * 1e3:.1f} ms")
   groups = engine.generate(PROMPTS, 4, sampling)
@@ -204,7 +208,7 @@ def test_load_weights_switches_to_new_params(setup):
   assert np.exp(new).mean() <= 1.05 and new.max() < 1e-3
   assert old.mean() > 0.05
   # And back: a second reload (the tied LM head is re-packed each time).
-  v2 = publisher.publish(CFG, params[0], version=2)
+  v2 = publisher.publish(params[0], version=2).hf_dir
   engine.load_weights(Weights(2, hf_dir=v2, cfg=CFG))
   groups = engine.generate(PROMPTS, 2, sampling)
   assert all(g.policy_version == 2 for g in groups)
@@ -270,12 +274,12 @@ def test_engine_core_in_its_own_process_generates_and_reloads(setup):
   """vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1, the GPU setting of
   `workers.vllm_engine_settings`): the reload RPC (a function shipped to vLLM's worker) still loads
   the new weights, and one call of many prompts (a pool worker's merged requests) comes back whole."""
-  from jaxreplay.config import defaults as config_defaults  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import defaults  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout import backends as workers  # pylint: disable=g-import-not-at-top
   _, params, publisher = setup
   v0 = publish_next(publisher, params[0])
   v1 = publish_next(publisher, params[1])
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 64
   c.rollout.vllm_engine_process = "true"
   settings = workers.vllm_engine_settings(c, on_cpu=True)
@@ -349,7 +353,7 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
   """vLLM's layerwise reload warns "<Layer>: Failed to load weights" for rotary embeddings (a
   computed buffer) and a tied LM head on every refresh; those go, any other layer's stays."""
   import logging  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout.vllm import engine as vllm_worker  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout.vllm import engine as engine_lib  # pylint: disable=g-import-not-at-top
 
   def record(layer):
     return logging.LogRecord(worker_side._RELOAD_LOGGER, logging.WARNING, __file__, 1,  # pylint: disable=protected-access
@@ -368,13 +372,13 @@ def test_benign_reload_warnings_are_filtered_and_others_kept():
 
 def test_benign_startup_warnings_are_filtered_and_others_kept():
   import logging  # pylint: disable=g-import-not-at-top
-  from jaxreplay.rollout.vllm import engine as vllm_worker  # pylint: disable=g-import-not-at-top
-  f = vllm_worker._BenignStartupWarnings(["Chat template warmup failed", "Using None for EOS"])  # pylint: disable=protected-access
+  from jaxreplay.rollout.vllm import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  f = engine_lib._BenignStartupWarnings(["Chat template warmup failed", "Using None for EOS"])  # pylint: disable=protected-access
 
   def record(msg):
     return logging.LogRecord("vllm.renderers.base", logging.WARNING, __file__, 1, msg, (), None)
   assert not f.filter(record("Chat template warmup failed"))
   assert not f.filter(record("Using None for EOS token id because tokenizer is not initialized"))
   assert f.filter(record("Some other warning"))
-  names = {name for name, _, _ in vllm_worker._BENIGN_STARTUP}  # pylint: disable=protected-access
+  names = {name for name, _, _ in engine_lib._BENIGN_STARTUP}  # pylint: disable=protected-access
   assert {"vllm.renderers.base", "vllm.v1.worker.cpu_worker"} <= names
