@@ -1,8 +1,6 @@
-"""Shared test set-up: 8 emulated CPU devices, and optional-dependency handling.
-
-Under CI=true a missing optional dependency (torch, transformers, vllm) is a failure, never a skip.
-"""
-import importlib
+"""Shared test set-up: 8 emulated CPU devices, the session's JAX compilation cache, and the
+session's shared fixtures. Helpers the tests import live in `tests/helpers/` (`deps.require`:
+optional dependencies, a failure under CI=true)."""
 import os
 import shutil
 import tempfile
@@ -21,22 +19,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import pytest  # noqa: E402
 
 
-def require(module_name: str):
-  """Imports `module_name`; fails under CI=true when it is missing, skips otherwise."""
-  try:
-    return importlib.import_module(module_name)
-  except ImportError as e:
-    if os.environ.get("CI", "").lower() == "true":
-      pytest.fail(f"optional dependency {module_name!r} is missing under CI=true: {e}")
-    pytest.skip(f"{module_name} not installed: {e}")
-
-
 @pytest.fixture(scope="session")
 def tiny_reference_run(tmp_path_factory):
   """The workdir of one finished `tiny_runs.SHORT` run, made once per test session and shared by
   the xdist workers (a file lock). Read it, never write it: copy it first to damage or extend it."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  import tiny_runs  # pylint: disable=g-import-not-at-top
+  from tests.helpers import tiny_runs  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
     root = root.parent  # shared by the workers of this session

@@ -9,17 +9,20 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers.paths import REPO
+
 
 HEAVY = ("jax", "jaxlib", "vllm", "torch", "ray", "transformers", "matplotlib")
 
 # The packages (and the light modules) a caller may import without paying for JAX or an optional
-# dependency: every package, rollout/base.py and rollout/pool.py (numpy only), and shm_format (numpy
-# only: it reads segments in processes that never import JAX; its import covers rollout.weights').
+# dependency: every package, rollout/base.py and rollout/pool.py (numpy only), shm_format (numpy
+# only: it reads segments in processes that never import JAX; its import covers rollout.weights')
+# and the vLLM engine's driver side (an engine process imports vLLM itself, never JAX).
 LIGHT = ("jaxreplay", "jaxreplay.config", "jaxreplay.models", "jaxreplay.tasks", "jaxreplay.learner",
          "jaxreplay.data", "jaxreplay.rollout", "jaxreplay.rollout.vllm", "jaxreplay.rollout.ray",
          "jaxreplay.run", "jaxreplay.infra", "jaxreplay.science", "jaxreplay.rollout.base",
-         "jaxreplay.rollout.pool", "jaxreplay.rollout.weights.shm_format")
+         "jaxreplay.rollout.pool", "jaxreplay.rollout.weights.shm_format",
+         "jaxreplay.rollout.vllm.engine")
 
 # Every module path from before the layers (issue 25): each one's code lives at exactly one other
 # path now, so none of these may import again (no alias finder, no shim module, no re-export).

@@ -13,12 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require
+from tests.helpers import tolerances
+from tests.helpers.deps import require
+from tests.helpers.tiny_runs import ENV, REPO, comparable, launch_cmd, read_rows, run_launch
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
-
-from tiny_runs import ENV, REPO, comparable, launch_cmd, read_rows, run_launch
-import tolerances
 
 
 def check_common(rows, total=6):

@@ -16,22 +16,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import require
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
 from jaxreplay.config import devices
 from jaxreplay.config import memory_plan
 from jaxreplay.config import validation
 from jaxreplay.config.defaults import base_config
+from tests.helpers.deps import require
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = presets.tiny()
 
 
 def _env():
   env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + os.path.join(REPO, "tests") + (
-      os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   return env
 
 
@@ -150,7 +149,7 @@ def write_bpe_tokenizer(out_dir, family):
   tokenizer_class Qwen2Tokenizer, so AutoTokenizer goes through that class) or Llama-3.2's
   (tokenizer_class PreTrainedTokenizerFast, a bos post-processor), with the special tokens,
   chat template and eos of the model."""
-  from chat_templates import LLAMA3_2_INSTRUCT, QWEN3  # pylint: disable=g-import-not-at-top
+  from tests.helpers.chat_templates import LLAMA3_2_INSTRUCT, QWEN3  # pylint: disable=g-import-not-at-top
   from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models as tok_models,  # pylint: disable=g-import-not-at-top
                           normalizers, pre_tokenizers, processors, trainers)
   tok = Tokenizer(tok_models.BPE(unk_token=None, byte_fallback=False))
@@ -275,8 +274,8 @@ def test_superseded_load_in_an_engine_core_process_goes_on():
   from jaxreplay.rollout.pool import WorkerPool  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
-  from test_pool import Recorder  # pylint: disable=g-import-not-at-top
-  from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  from tests.helpers.pool_fakes import Recorder  # pylint: disable=g-import-not-at-top
+  from tests.helpers.engine_logprobs import logprob_diffs  # pylint: disable=g-import-not-at-top
   c = base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32
   c.rollout.vllm_engine_process = "true"

@@ -13,11 +13,11 @@ from jaxreplay.models.config import ModelConfig
 from jaxreplay.tasks import tokenizer
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.tasks import arithmetic
+from tests.helpers.paths import REPO
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
 
 

@@ -11,12 +11,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from safetensors import safe_open
 from safetensors.numpy import save_file
-import tolerances
 
 from jaxreplay.models import transformer
 from jaxreplay.models import hf_io, presets
 from jaxreplay.models.config import ModelConfig
-from conftest import require
+from tests.helpers import tolerances
+from tests.helpers.deps import require
 
 torch = require("torch")
 transformers = require("transformers")

@@ -2,7 +2,6 @@
 weights and the PEFT reference (transformers + peft), through the training forward and the KV-cache
 decoder, and PEFT's file format both ways."""
 import json
-import os
 
 import chex
 import jax
@@ -15,10 +14,9 @@ from jaxreplay.models import hf_io
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
-from jaxreplay.infra import sharding
 from jaxreplay.models import lora
-from conftest import require
-from tolerances import close, tree_scale
+from tests.helpers.deps import require
+from tests.helpers.tolerances import close, tree_scale
 
 CFG = presets.tiny(vocab_size=64)
 SPEC = lora.LoraSpec(rank=8, alpha=16.0)

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
-import tolerances
 
 from jaxreplay.models import hf_io
 from jaxreplay.models import presets
@@ -17,6 +16,7 @@ from jaxreplay.models import transformer
 from jaxreplay.rollout import jax_sampler
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler, filter_logits, sample_token
+from tests.helpers import tolerances
 
 # ---- numpy references ---------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ def test_filter_logits_ties():
 
 def test_filter_logits_matches_vllm():
   """Same masks as vLLM's own torch implementation (temperature first, as its Sampler does)."""
-  from conftest import require
+  from tests.helpers.deps import require
   torch = require("torch")
   ops = require("vllm.v1.sample.ops.topk_topp_sampler")
   rng = np.random.default_rng(2)

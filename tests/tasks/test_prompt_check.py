@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require
 from jaxreplay.data.experience import PromptSource
 from jaxreplay.tasks import arithmetic, math_data, prompt_check, scratchpad
 from jaxreplay.tasks import tokenizer as tok_lib
+from tests.helpers.deps import require
 
 require("transformers")
 

@@ -14,8 +14,8 @@ from jaxreplay.sft import greedy_exact_match
 from jaxreplay.sft import noise_kwargs
 from jaxreplay.tasks import arithmetic
 from jaxreplay.tasks import scratchpad as sp
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SFT = os.path.join(REPO, "assets", "scratchpad-sft")
 
 
