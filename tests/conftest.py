@@ -9,7 +9,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent JAX compilation cache for the session's processes (the pytest workers and the runs
 # they launch), every program in it however fast it compiled: the tests build the same tiny models
-# and steps again and again (measured on tests/learner/test_lora_trainer.py + tests/run/test_regime.py,
+# and steps again and again (measured on tests/learner/test_adapters.py + tests/run/test_regime.py,
 # cold cache: 177 -> 124 CPU-seconds). Entries are keyed by the program, the devices and the jax
 # version, so a stale one is never used; tests that need their own cache set it themselves.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get(

@@ -143,7 +143,7 @@ def test_jax_sampler_fresh_ratio_is_one(params, settings):
 @pytest.mark.slow
 def test_vllm_fresh_ratio_is_one(params, tmp_path):
   """The vLLM CPU engine (float32) stores processed log-probs: the processed trainer log-probs
-  match them (within the engine's own float32 numerics, as tests/rollout/vllm/test_vllm_worker.py measures)."""
+  match them (within the engine's own float32 numerics, as tests/rollout/vllm/test_engine.py measures)."""
   require("vllm")
   from jaxreplay.rollout.vllm.engine import VllmEngine  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.weights.file_publisher import FilePublisher  # pylint: disable=g-import-not-at-top

@@ -254,7 +254,7 @@ def _token_logprobs(params, tokens):
 
 def assert_logprobs_match(groups, right, wrong, version):
   """The groups' log-probs are `right`'s (logprobs_lib.token_logprobs on one padded [16, 32] batch:
-  one compilation; the tolerance of test_vllm_worker) and far from `wrong`'s."""
+  one compilation; the tolerance of tests/rollout/vllm/test_engine.py) and far from `wrong`'s."""
   pairs = [(g, c) for g in groups for c in g.completions]
   assert all(g.policy_version == version for g in groups) and len(pairs) <= 16
   tokens = np.zeros((16, 32), np.int32)
