@@ -18,11 +18,13 @@ HEAVY = ("jax", "jaxlib", "vllm", "torch", "ray", "transformers", "matplotlib")
 # dependency: every package, rollout/base.py and rollout/pool.py (numpy only), shm_format (numpy
 # only: it reads segments in processes that never import JAX; its import covers rollout.weights')
 # and the vLLM engine's driver side (an engine process imports vLLM itself, never JAX).
-LIGHT = ("jaxreplay", "jaxreplay.config", "jaxreplay.models", "jaxreplay.tasks", "jaxreplay.learner",
-         "jaxreplay.data", "jaxreplay.rollout", "jaxreplay.rollout.vllm", "jaxreplay.rollout.ray",
-         "jaxreplay.run", "jaxreplay.infra", "jaxreplay.science", "jaxreplay.rollout.base",
-         "jaxreplay.rollout.pool", "jaxreplay.rollout.weights.shm_format",
-         "jaxreplay.rollout.vllm.engine")
+LIGHT = (
+    "jaxreplay", "jaxreplay.config", "jaxreplay.models", "jaxreplay.tasks", "jaxreplay.learner",
+    "jaxreplay.data", "jaxreplay.rollout", "jaxreplay.rollout.vllm", "jaxreplay.rollout.ray",
+    "jaxreplay.run", "jaxreplay.infra", "jaxreplay.science", "jaxreplay.rollout.base",
+    "jaxreplay.rollout.pool", "jaxreplay.rollout.weights.shm_format",
+    "jaxreplay.rollout.vllm.engine",
+)
 
 # Every module path from before the layers (issue 25): each one's code lives at exactly one other
 # path now, so none of these may import again (no alias finder, no shim module, no re-export).
@@ -33,14 +35,14 @@ OLD_PATHS = (
     "jaxreplay.buffer", "jaxreplay.collate", "jaxreplay.experience", "jaxreplay.workers",
     "jaxreplay.rollout.vllm_worker", "jaxreplay.rollout.vllm_transfer",
     "jaxreplay.rollout.vllm_direct_load", "jaxreplay.rollout.shm_weights",
-    "jaxreplay.rollout.shm_publisher", "jaxreplay.rollout.weight_sync", "jaxreplay.rollout.ray_actor",
-    "jaxreplay.rollout.ray_publisher", "jaxreplay.rollout.ray_workers", "jaxreplay.build",
-    "jaxreplay.pipeline", "jaxreplay.schedulers", "jaxreplay.evaluation", "jaxreplay.run_metrics",
-    "jaxreplay.accounting", "jaxreplay.sharding", "jaxreplay.checkpoint",
-    "jaxreplay.checkpoint_integrity", "jaxreplay.child_process", "jaxreplay.safety",
-    "jaxreplay.step_channel", "jaxreplay.metrics", "jaxreplay.sweeps", "jaxreplay.experiment_stats",
-    "jaxreplay.experiment_plots", "jaxreplay.experiment_report", "jaxreplay.noise_probe",
-    "jaxreplay.noise_stats",
+    "jaxreplay.rollout.shm_publisher", "jaxreplay.rollout.weight_sync",
+    "jaxreplay.rollout.ray_actor", "jaxreplay.rollout.ray_publisher",
+    "jaxreplay.rollout.ray_workers", "jaxreplay.build", "jaxreplay.pipeline",
+    "jaxreplay.schedulers", "jaxreplay.evaluation", "jaxreplay.run_metrics", "jaxreplay.accounting",
+    "jaxreplay.sharding", "jaxreplay.checkpoint", "jaxreplay.checkpoint_integrity",
+    "jaxreplay.child_process", "jaxreplay.safety", "jaxreplay.step_channel", "jaxreplay.metrics",
+    "jaxreplay.sweeps", "jaxreplay.experiment_stats", "jaxreplay.experiment_plots",
+    "jaxreplay.experiment_report", "jaxreplay.noise_probe", "jaxreplay.noise_stats",
 )
 
 

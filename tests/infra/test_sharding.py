@@ -141,8 +141,8 @@ def test_path_str():
   assert paths == ["a/0", "a/1/b"]
 
 
-# ---- meshes whose axes do not divide a parameter: the leaf is stored zero-padded and sharded, never
-# replicated, and training on it equals training on one device (8 emulated CPU devices) ------------
+# ---- meshes whose axes do not divide a parameter: the leaf is stored zero-padded and sharded,
+# never replicated, and training on it equals training on one device (8 emulated CPU devices) ------
 
 # hidden 100 and vocab 50: 3-way fsdp or tensor axes divide neither.
 CFG = presets.tiny(vocab_size=50, hidden_size=100, intermediate_size=200, num_attention_heads=3,

@@ -1,4 +1,4 @@
-"""KV-cache decoding (`models.decode`): prefill + decode steps equal the full forward, cache errors."""
+"""KV-cache decoding (`models.decode`): prefill + decode steps equal the full forward; cache errors."""
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -165,7 +165,7 @@ def test_vllm_fresh_ratio_is_one(params, tmp_path):
     publisher.close()
 
 
-# ---- chunked log-probs against the full forward (`logprobs.token_logprobs`) ------------------------
+# ---- chunked log-probs against the full forward (`logprobs.token_logprobs`) ----------------------
 
 apply = jax.jit(transformer.apply, static_argnums=0)
 

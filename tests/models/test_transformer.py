@@ -1,6 +1,6 @@
-"""The functional model (`models.transformer`) against transformers' own Qwen3 / Qwen2 / Llama (torch
-CPU, float32), and its internal consistency: padding and packing, remat, bf16, attention kernels
-(KV-cache decoding: test_decode.py; chunked log-probs: test_logprobs.py)."""
+"""The functional model (`models.transformer`) against transformers' own Qwen3 / Qwen2 / Llama
+(torch CPU, float32), and its internal consistency: padding and packing, remat, bf16, attention
+kernels (KV-cache decoding: test_decode.py; chunked log-probs: test_logprobs.py)."""
 import functools
 
 import chex

@@ -1,5 +1,5 @@
-"""Tests of the run's rollout settings (`jaxreplay.rollout.backends`, the rollout checks of validation): vLLM engine
-settings per platform, request sizing that fills an engine, worker GPU groups for tensor
+"""Tests of the run's rollout settings (`jaxreplay.rollout.backends`, the rollout checks of
+validation): vLLM engine settings per platform, request sizing that fills an engine, worker GPU groups for tensor
 parallelism, Ray resources (placement ray). Pure functions of the config: no engine starts."""
 import pytest
 

@@ -1,5 +1,5 @@
 """Regime diagnostics, host side (`run.regime`): the smoothed noise scale, the micro-batch splits,
-the diag/* keys of a step and their host state (the device side: tests/learner/test_diagnostics.py)."""
+the diag/* keys of a step and their host state (the device side: learner/test_diagnostics.py)."""
 import jax
 import numpy as np
 import pytest

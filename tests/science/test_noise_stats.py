@@ -1,4 +1,4 @@
-"""The gradient-noise probe's statistics (`jaxreplay.science.noise_stats`) against numpy on synthetic
+"""The gradient-noise probe's statistics (`science.noise_stats`) against numpy on synthetic
 per-example gradients of known variance: Gram blocks, the noise estimator, bootstrap variances, the
 debiased bias, the layout estimate and its fit, the measured sigma^2 and the design table."""
 import math

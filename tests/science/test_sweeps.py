@@ -1,5 +1,5 @@
-"""The named sweeps (`science.sweeps`): compute grids, and every sweep resolving on the default config
-into runs whose configs pass the launcher's validation."""
+"""The named sweeps (`science.sweeps`): compute grids, and every sweep resolving on the default
+config into runs whose configs pass the launcher's validation."""
 import pytest
 
 from jaxreplay.config import validation

@@ -1,5 +1,6 @@
-"""Math datasets in the formats users have (`tasks.math_data`): parquet (pyarrow, a core dependency),
-JSONL and JSON, a separate held-out file, the held-out split, and messages that name the row."""
+"""Math datasets in the formats users have (`tasks.math_data`): parquet (pyarrow, a core
+dependency), JSONL and JSON, a separate held-out file, the held-out split, and messages that name
+the row."""
 import json
 
 import numpy as np
@@ -109,7 +110,8 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
          "--config.total_steps=3", "--config.trainer.warmup_steps=1", "--config.eval.every=3",
          "--config.eval.num_problems=4", "--config.eval.n_samples=2", "--config.eval.ks=(1,2)",
          "--config.trainer.buckets=(64,96)", "--config.checkpoint.every=3"]
-  env = dict(tiny_runs.ENV, PYTHONPATH=os.pathsep.join(  # the plug-in is tests.helpers.reward_plugins
+  # The plug-in is tests.helpers.reward_plugins: the repository root on the run's path finds it.
+  env = dict(tiny_runs.ENV, PYTHONPATH=os.pathsep.join(
       [tiny_runs.REPO, os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run(cmd, cwd=tiny_runs.REPO, env=env, capture_output=True, text=True,
                         timeout=600)

@@ -1,4 +1,5 @@
-"""The task package's factory (`jaxreplay.tasks.make_task`): a task by name, errors naming the fix."""
+"""The task package's factory (`jaxreplay.tasks.make_task`): a task by name, errors that name the
+fix."""
 import pytest
 
 from jaxreplay import tasks

@@ -145,8 +145,8 @@ def _check_weights(weights: Weights) -> None:
 
 def _check_hf_dir(hf_dir: str, weights: bool = True) -> None:
   if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-    raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with hf_io.save_hf(cfg, params, "
-                            "dir) or FilePublisher.publish")
+    raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with "
+                            "hf_io.save_hf(cfg, params, dir) or FilePublisher.publish")
   if weights and not glob.glob(os.path.join(hf_dir, "*.safetensors")):
     raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with hf_io.save_hf "
                             "(or start the engine with weights_pending=True and load a segment)")
@@ -397,7 +397,8 @@ class VllmEngine:
 
   def _check_prompts(self, prompts, n, sampling) -> list[np.ndarray]:
     if not isinstance(sampling, SamplingParams):
-      raise TypeError(f"sampling must be a jaxreplay.rollout.base.SamplingParams, got {type(sampling)}")
+      raise TypeError(
+          f"sampling must be a jaxreplay.rollout.base.SamplingParams, got {type(sampling)}")
     if n < 1:
       raise ValueError(f"n={n} must be >= 1")
     if len(prompts) == 0:

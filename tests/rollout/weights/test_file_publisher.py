@@ -1,5 +1,5 @@
-"""`FilePublisher` (rollout.weight_transport="file"): versions as HF directories, written atomically,
-the newest `keep` kept, under a root claimed in /dev/shm (or a temporary directory)."""
+"""`FilePublisher` (rollout.weight_transport="file"): versions as HF directories, written
+atomically, the newest `keep` kept, under a root claimed in /dev/shm (or a temporary directory)."""
 import os
 
 import chex
