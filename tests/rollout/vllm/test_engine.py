@@ -277,14 +277,14 @@ def test_worker_process_startup_timeout(setup):
   _, _, publisher = setup
   start = time.monotonic()
   with pytest.raises(TimeoutError, match="startup_timeout_s"):
-    VllmWorkerProcess(publisher.latest.hf_dir, startup_timeout_s=0.5)
+    VllmWorkerProcess(publisher.latest.location, startup_timeout_s=0.5)
   assert time.monotonic() - start < 10
 
 
 def test_worker_process_startup_failure_is_reported(setup):
   _, _, publisher = setup
   with pytest.raises(WorkerDied, match="failed to start(.|\n)*logprobs_mode"):
-    VllmWorkerProcess(publisher.latest.hf_dir, logprobs_mode="bogus", startup_timeout_s=120)
+    VllmWorkerProcess(publisher.latest.location, logprobs_mode="bogus", startup_timeout_s=120)
 
 
 def test_worker_process_from_an_unguarded_script_and_request_timeout(setup, tmp_path):
@@ -310,7 +310,7 @@ def test_worker_process_from_an_unguarded_script_and_request_timeout(setup, tmp_
       worker.close()
       """))
   repo = REPO
-  out = subprocess.run([sys.executable, str(script), publisher.latest.hf_dir], capture_output=True,
+  out = subprocess.run([sys.executable, str(script), publisher.latest.location], capture_output=True,
                        text=True, timeout=600, cwd=str(tmp_path),
                        env=dict(os.environ, PYTHONPATH=repo))
   assert out.returncode == 0, out.stderr[-3000:]
