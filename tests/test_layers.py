@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+from tests.helpers.paths import REPO
 
 
 def lint_imports() -> subprocess.CompletedProcess:

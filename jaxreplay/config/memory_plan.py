@@ -37,7 +37,9 @@ import jax
 import numpy as np
 
 from jaxreplay.config import devices as devices_lib
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+from jaxreplay.models.config import ModelConfig
 from jaxreplay.learner import adapters
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
@@ -59,12 +61,12 @@ class DoesNotFit(RuntimeError):
   """The plan's per-device total exceeds the device memory (the message names what to change)."""
 
 
-def model_config(c) -> models.ModelConfig:
+def model_config(c) -> ModelConfig:
   """The model of `c` without reading weights: model.path's config.json, else the preset."""
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
   if c.model.path:
-    return models.ModelConfig.from_hf_dir(c.model.path, **overrides)
-  return models.presets.PRESETS[c.model.preset](**overrides)
+    return ModelConfig.from_hf_dir(c.model.path, **overrides)
+  return presets.PRESETS[c.model.preset](**overrides)
 
 
 def planned_mesh(c, devices: Optional[list] = None):
@@ -98,7 +100,7 @@ def batch_rule_errors(c, mesh) -> list[str]:
           f"buffer.batch_size in {near_b}"]
 
 
-def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: int,
+def activation_bytes(cfg: ModelConfig, rows: int, seq_len: int, chunk: int,
                      flash_attention: bool = False, dense_bias: bool = False) -> int:
   """Estimated peak activation bytes of one device's micro-batch (`rows` sequences of `seq_len`).
 
@@ -129,7 +131,7 @@ def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: in
   return int(body + logits + mask)
 
 
-def kv_cache_bytes(cfg: models.ModelConfig, rows: int, max_len: int) -> int:
+def kv_cache_bytes(cfg: ModelConfig, rows: int, max_len: int) -> int:
   """Bytes of a KV cache of `rows` sequences of `max_len` tokens (K and V, every layer)."""
   cb = np.dtype(cfg.compute_dtype).itemsize
   return int(2 * cfg.num_hidden_layers * rows * max_len * cfg.num_key_value_heads * cfg.head_dim * cb)
@@ -196,12 +198,12 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
     per_device["ref_params"] = ref
   if spec is not None:  # the frozen base, sharded and padded as full params would be
     storage = sharding.storage_shapes(
-        jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+        jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0))), mesh)
     per_device["base_params"] = sharding.shard_bytes(storage,
                                                      sharding.param_shardings(storage, mesh))
   per_device["total"] = sum(per_device.values())
   padded = sharding.padded_leaves(
-      jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+      jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0))), mesh)
   limit = device_memory_bytes(c)
   lora = None if spec is None else {
       "rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets), "dtype": spec.dtype,
@@ -228,7 +230,7 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   return out
 
 
-def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any]:
+def time_plan(c, cfg: ModelConfig, rollout_backend: str) -> dict[str, Any]:
   """The trainer's publish stall against its step (see the module docstring); JSON-ready.
   `rollout_backend`: resolved; workers off the trainer devices (its record) get a host copy."""
   backend = backend_table.record(rollout_backend)

@@ -53,14 +53,14 @@ def run_errors(c) -> list[str]:
 def model_errors(m, r=None) -> list[str]:
   """model.*: the starting checkpoint, the chat template, LoRA (model.lora_*; `r`: the rollout
   section, whose workers must serve the adapters)."""
-  from jaxreplay import tasks  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import tokenizer  # pylint: disable=g-import-not-at-top
   errors = lora_errors(m, r)
   if m.path and not os.path.isdir(m.path):
     errors.append(f"model.path={m.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
   mode = m.chat_template
-  if not isinstance(mode, bool) and mode not in tasks.CHAT_TEMPLATE_MODES:
-    errors.append(f"model.chat_template={mode!r}: expected one of {tasks.CHAT_TEMPLATE_MODES}")
+  if not isinstance(mode, bool) and mode not in tokenizer.CHAT_TEMPLATE_MODES:
+    errors.append(f"model.chat_template={mode!r}: expected one of {tokenizer.CHAT_TEMPLATE_MODES}")
   try:
     chat_template_kwargs(m)
   except ValueError as e:

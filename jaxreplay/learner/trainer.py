@@ -210,7 +210,7 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
   """A TrainState at step 0, created directly in its sharded layout (no full copy on one device).
 
   params: None to initialise randomly from `rng` (`transformer.init_params`), or a pytree (e.g. from
-    `models.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
+    `hf_io.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
     with donate_params=True, consumed: device arrays already in the target layout become the
     state's params without a second copy on device (the caller must not use them afterwards).
   with_ref_params: also keep a frozen copy of the initial params as the KL reference.
@@ -253,7 +253,7 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
     return jax.jit(build_padded, out_shardings=shardings)(None, init_rng, state_rng)
   # A private sharded copy (unless donate_params), donated to the jit so that the state's params
   # reuse its buffers instead of holding one more copy on device. Params already in their padded
-  # storage shapes (e.g. `models.load_hf(..., shardings=...)`) are placed as they are.
+  # storage shapes (e.g. `hf_io.load_hf(..., shardings=...)`) are placed as they are.
   padded_in = jax.tree.map(lambda x, s: tuple(jnp.shape(x)) == tuple(s.shape), params, storage)
   if all(jax.tree.leaves(padded_in)):
     in_sh, donate = shardings.params, (0,)
@@ -332,7 +332,7 @@ def logprob_processing(config: Any) -> Optional[logprobs_lib.LogprobProcessing]:
 
 
 def step_options(trainer_config: Any) -> dict:
-  """`make_train_step`'s keyword options from the config's `trainer` section (config_defaults):
+  """`make_train_step`'s keyword options from the config's `trainer` section (config/defaults.py):
   compute_entropy (`trainer.log_entropy`), logprob_remat (`trainer.logprob_remat`) and
   nonfinite_check (`trainer.nonfinite_check`)."""
   return {"compute_entropy": bool(trainer_config.get("log_entropy", True)),

@@ -11,8 +11,8 @@ handle the workers load with `load_weights`:
                  host, the HF-layout segment is written in the background and loaded through
                  vLLM's weight-transfer API. CPU engines: kernels stay in the trainer's layout,
                  the trainer copies them straight into the segment and each engine re-packs its
-                 linear layers from it (`rollout.vllm_direct_load`);
-          "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
+                 linear layers from it (`rollout.vllm.direct_load`);
+          "file": an HF directory written per refresh by `FilePublisher` (to /dev/shm).
           Each engine loads a refresh in one RPC.
 LoRA (model.lora_rank > 0, `lora=` the trainer's `learner.adapters.FrozenBase`): the published
 params are the adapters and only they travel, under the transport "lora" of the tables
@@ -26,7 +26,7 @@ With several trainer processes every process gathers full host copies first (a c
 
 Where the workers run (rollout.placement):
   - "local" (default): in this process (JAX samplers) or in child processes of this machine (vLLM).
-  - "ray": as Ray actors with declared resources (`rollout.ray_workers`: one placement group, a
+  - "ray": as Ray actors with declared resources (`rollout.ray.group`: one placement group, a
     bundle per worker; Ray restarts a dead actor and the pool re-attaches to it). Weights go
     through Ray's object store (`ObjectStorePublisher`: JAX samplers get the numpy parameter
     pytree, vLLM engines the HF state dict in rollout.vllm_dtype); rollout.weight_transport is not

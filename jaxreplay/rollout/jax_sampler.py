@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxreplay import models
+from jaxreplay.models import decode
+from jaxreplay.models import hf_io
 from jaxreplay.models.logprobs import filter_logits  # the one definition, shared with the trainer
 from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
                                     check_prompts)
@@ -105,8 +106,8 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
     hit = active & jnp.isin(tok, stop_ids)
     return done | hit, out_t, out_lp, num + active.astype(jnp.int32), stopped | hit
 
-  cache = models.init_cache(cfg, b, cache_len)
-  logits, cache = models.prefill(cfg, params, tokens, lengths, cache)
+  cache = decode.init_cache(cfg, b, cache_len)
+  logits, cache = decode.prefill(cfg, params, tokens, lengths, cache)
   tok, lp = sample(0, logits)
   state = record(0, tok, lp, ~valid, jnp.zeros((b, max_new), jnp.int32),
                  jnp.zeros((b, max_new), jnp.float32), jnp.zeros((b,), jnp.int32),
@@ -118,7 +119,7 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
 
   def body(carry):
     step, tok, cache, *rest = carry
-    logits, cache = models.decode_step(cfg, params, tok, cache)
+    logits, cache = decode.decode_step(cfg, params, tok, cache)
     tok, lp = sample(step, logits)
     return (step + 1, tok, cache, *record(step, tok, lp, *rest))
 
@@ -173,7 +174,7 @@ class JaxSampler:
         None means (cfg.eos_token_id,) when it is set, () disables.
       seed: the sampler's base seed. policy_version: version of `params`.
       prompt_buckets: padded prompt lengths to compile for (default powers of two, then max_len).
-      load_dtype: parameter dtype when `load_weights` reads an HF directory (`models.load_hf`).
+      load_dtype: parameter dtype when `load_weights` reads an HF directory (`hf_io.load_hf`).
     """
     if max_len < 2:
       raise ValueError(f"max_len={max_len} must be >= 2 (one prompt token and one generated)")
@@ -200,8 +201,8 @@ class JaxSampler:
   @classmethod
   def from_hf(cls, hf_dir: str, max_len: int, dtype=jnp.float32, policy_version: int = 0,
               **kwargs) -> "JaxSampler":
-    """Loads a directory written by `models.save_hf` (or an HF checkpoint); kwargs as __init__."""
-    cfg, params = models.load_hf(hf_dir, dtype=dtype)
+    """Loads a directory written by `hf_io.save_hf` (or an HF checkpoint); kwargs as __init__."""
+    cfg, params = hf_io.load_hf(hf_dir, dtype=dtype)
     return cls(cfg, params, max_len, policy_version=policy_version, load_dtype=dtype, **kwargs)
 
   @property
@@ -222,13 +223,13 @@ class JaxSampler:
     """Later `generate` calls use `weights` and tag `weights.version`.
 
     In-process handles carry the parameter pytree (used as is: the caller gives the sampler its
-    own copy); a handle with only `hf_dir` (written by `models.save_hf`) is loaded from disk.
+    own copy); a handle with only `hf_dir` (written by `hf_io.save_hf`) is loaded from disk.
     """
     cfg, params = weights.cfg, weights.params
     if params is None:
       if weights.hf_dir is None:
         raise ValueError(f"weights of version {weights.version} carry neither params nor hf_dir")
-      cfg, params = models.load_hf(weights.hf_dir, dtype=self.load_dtype)
+      cfg, params = hf_io.load_hf(weights.hf_dir, dtype=self.load_dtype)
     if cfg is not None and (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size) != (
         self.cfg.vocab_size, self.cfg.num_hidden_layers, self.cfg.hidden_size):
       raise ValueError(f"weights of version {weights.version}: architecture (vocab "

@@ -43,7 +43,7 @@ Keys of a row, by source (units in brackets):
   time/publish_s                 the trainer's stall for the weight refresh of this step [s] (0 when
                                  none was due): vllm + rollout.weight_transport="shm", the device ->
                                  host copy of the params only (the segment is written in the
-                                 background, `rollout.shm_publisher`); "file", the whole HF
+                                 background, `rollout.weights.shm_publisher`); "file", the whole HF
                                  directory write; jax, the device copy
   mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
   reward/*                       the reward runner's counters (calls, errors, timeouts,

@@ -41,10 +41,10 @@ from jaxreplay.run import evaluation
 from jaxreplay.run import eval_grid as eval_grid_lib
 from jaxreplay.infra import compilation_cache
 from jaxreplay.infra import metric_writers as metrics_lib
-from jaxreplay import models
+from jaxreplay.models import hf_io
 from jaxreplay.models import lora as lora_lib
 from jaxreplay.infra import safety
-from jaxreplay.run import schedules as schedulers
+from jaxreplay.run import schedules
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
 from jaxreplay.rollout.base import Weights
@@ -61,13 +61,13 @@ class StepResult:
 
 
 class Pipeline:
-  """One run's trainer side over its `Parts`: the schedule hooks (`schedulers.Hooks`)."""
+  """One run's trainer side over its `Parts`: the schedule hooks (`schedules.Hooks`)."""
 
   def __init__(self, parts: build_lib.Parts, stop: Optional[safety.StopSignals] = None):
     self.parts, self.config = parts, parts.config
     self.stop = stop  # a SIGTERM / SIGINT ends the run after the current step
     self.scheduler = None  # set by `run`: its state (in-flight requests) goes into checkpoints
-    self.schedule = schedulers.schedule_class(parts.config.scheduler.kind)  # what it is
+    self.schedule = schedules.schedule_class(parts.config.scheduler.kind)  # what it is
     self.guard = safety.NonFiniteGuard(parts.config.trainer.max_nonfinite_skips)
     self.intake = parts.intake
     self.state = parts.state
@@ -84,7 +84,7 @@ class Pipeline:
     self.progress = metrics_lib.ProgressLogger(c.total_steps, every_s=c.log.every_s,
                                                start_step=self.step)
 
-  # ---- schedulers.Hooks -------------------------------------------------------------------------
+  # ---- schedules.Hooks -------------------------------------------------------------------------
 
   def done(self) -> bool:
     return self.finished or self.stopped
@@ -339,7 +339,7 @@ class Pipeline:
       lora_lib.save_peft(os.path.join(p.workdir, "hf_adapter"), p.model_cfg, p.lora.spec, params,
                          base_model_name_or_path=p.lora.path)
       params = lora_lib.merge(p.model_cfg, sharding.host_local(p.lora.params), params, p.lora.spec)
-    models.save_hf(p.model_cfg, params, os.path.join(p.workdir, "hf"), tokenizer_dir=p.tokenizer_dir)
+    hf_io.save_hf(p.model_cfg, params, os.path.join(p.workdir, "hf"), tokenizer_dir=p.tokenizer_dir)
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
     p = self.parts
@@ -407,7 +407,7 @@ def make_scheduler(parts: build_lib.Parts):
   """The config's schedule: `SimulatedScheduler`, `SyncScheduler` or `AsyncScheduler` (which owns
   the worker pool; on trainer processes other than 0 of a multi-process run, `FollowerScheduler`),
   built by its class (`schedules.schedule_class(kind).from_parts`)."""
-  return schedulers.schedule_class(parts.config.scheduler.kind).from_parts(parts)
+  return schedules.schedule_class(parts.config.scheduler.kind).from_parts(parts)
 
 
 def write_run_config(config, workdir: str) -> None:

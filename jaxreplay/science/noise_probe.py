@@ -64,7 +64,8 @@ from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.data import experience
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models.config import ModelConfig
 from jaxreplay.science import noise_stats
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
@@ -130,7 +131,7 @@ class Parts:
   config: Any
   task: Any
   codec: Any
-  model_cfg: models.ModelConfig
+  model_cfg: ModelConfig
   state: Any
   train_step: Callable
   loss_fn: trainer.LossFn
@@ -149,7 +150,7 @@ def build_parts(c, workdir: str) -> Parts:
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   params = None
   if c.model.path:
-    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype)
+    _, params = hf_io.load_hf(c.model.path, dtype=model_cfg.params_dtype)
   t = c.trainer
   optimizer, lr_fn, loss_fn = build_lib.optimization(c)
   state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,

@@ -531,8 +531,8 @@ def _run(out: str, plans: list[tuple[dict[str, Any], str]], runner: Runner, para
   failed = [] if report_only else execute(specs, out, runner=runner, parallel=parallel,
                                           on_finish=lambda: write_results(out))
   results = write_results(out)
-  from jaxreplay.science import plots as experiment_plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-  paths = experiment_plots.plot_all(results, os.path.join(out, "figures"))
+  from jaxreplay.science import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
+  paths = plots.plot_all(results, os.path.join(out, "figures"))
   print(f"wrote {os.path.join(out, 'results.json')} and {len(paths)} figures in "
         f"{os.path.join(out, 'figures')}")
   if failed:

@@ -12,9 +12,8 @@ import pytest
 from jaxreplay.data.buffer import ReplayBuffer
 from jaxreplay.learner.batch import Rollout
 from jaxreplay.data import reuse
-import tiny_runs
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.helpers import tiny_runs
+from tests.helpers.paths import REPO
 
 
 def _settings(**kw):

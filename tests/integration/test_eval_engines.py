@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from jaxreplay.infra import checkpoint as checkpoint_lib
-from conftest import require
-from tiny_runs import REPO, comparable, read_rows, run_launch
+from tests.helpers.deps import require
+from tests.helpers.tiny_runs import REPO, comparable, read_rows, run_launch
 
 pytestmark = pytest.mark.slow  # whole runs
 

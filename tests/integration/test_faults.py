@@ -24,7 +24,7 @@ import pytest
 
 from jaxreplay.infra import checkpoint as checkpoint_lib
 from jaxreplay.learner import trainer
-from tiny_runs import SFT, comparable, read_rows, run_launch, start
+from tests.helpers.tiny_runs import SFT, comparable, read_rows, run_launch, start
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ from jaxreplay.config import schedule_table
 from jaxreplay.config import validation
 from jaxreplay.data import samplers
 from jaxreplay.rollout import backend_table
-import tiny_runs
-import toy_entries
+from tests.helpers import tiny_runs
+from tests.helpers import toy_entries
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def tiny_config():

@@ -15,7 +15,7 @@ from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import trainer
-import tolerances
+from tests.helpers import tolerances
 
 CAP, THRESHOLD = 1.8, 0.1
 MODES = tuple(m for m in corrections.OFF_POLICY_MODES if m != "none")

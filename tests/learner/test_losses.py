@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tolerances
 
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.data import experience
 from jaxreplay.learner import losses
+from tests.helpers import tolerances
 
 AGGS = ("token_mean", "sequence_mean", "constant")
 EPS_LOW, EPS_HIGH = 0.1, 0.3

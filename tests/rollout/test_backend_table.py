@@ -10,13 +10,13 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import require
+from tests.helpers.deps import require
 from jaxreplay.config import defaults
 from jaxreplay.config import validation
 from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.base import Completion, Group, Weights
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_every_record_names_importable_factories():
@@ -127,7 +127,7 @@ def test_a_new_backend_is_one_record(monkeypatch):
   """A toy backend added as one record: validation accepts it, `RolloutBackend` publishes with the
   record's publisher and makes the record's worker; removed, the name is refused again."""
   import jax  # pylint: disable=g-import-not-at-top
-  from jaxreplay import models  # pylint: disable=g-import-not-at-top
+  from jaxreplay.models import presets, transformer  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.base import SamplingParams  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(backend_table.BACKENDS, "toy", TOY)
@@ -135,8 +135,8 @@ def test_a_new_backend_is_one_record(monkeypatch):
   c.rollout.backend = "toy"
   validation.validate_config(c)
   assert backend_table.resolve_eval(c.eval.backend, "toy") == "trainer"
-  cfg = models.presets.tiny().replace(vocab_size=32)
-  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  cfg = presets.tiny().replace(vocab_size=32)
+  params = transformer.init_params(cfg, jax.random.PRNGKey(0))
   backend = backends.RolloutBackend(c, cfg, stop_ids=(2,))
   try:
     weights = backend.publish(params, 3)

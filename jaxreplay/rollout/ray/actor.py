@@ -8,7 +8,7 @@ record's `actor_host` in `rollout.backend_table`): `JaxSamplerHost`, a `JaxSampl
 shipped by the driver (another node cannot read the driver's /dev/shm). Actors start without
 weights (version -1): the driver loads them (`RayRolloutGroup.make_worker`), also after a restart.
 A vLLM actor copies the received tensors into a node-local shared-memory segment
-(`shm_weights.SlotRing`) and loads it through the engine's tested path (`VllmEngine.load_weights`
+(`shm_format.SlotRing`) and loads it through the engine's tested path (`VllmEngine.load_weights`
 with `shm_path`: vLLM's weight-transfer session); a JAX actor `device_put`s the pytree. The
 worker's module (JAX sampler or vLLM engine) is imported only by the actors that run it.
 """
@@ -24,7 +24,7 @@ import numpy as np
 import ray
 
 from jaxreplay.rollout import backend_table
-from jaxreplay.rollout.weights import shm_format as shm_weights
+from jaxreplay.rollout.weights import shm_format
 from jaxreplay.rollout.base import Group, SamplingParams, Weights
 
 
@@ -97,7 +97,7 @@ class VllmEngineHost:
     for name, data in spec.config_files.items():
       with open(os.path.join(model_dir, name), "wb") as f:
         f.write(data)
-    self._ring = shm_weights.SlotRing(self._root)
+    self._ring = shm_format.SlotRing(self._root)
     self.worker = VllmEngine(model_dir, weights_pending=True, policy_version=-1,
                              seed=spec.seed_of(index), eos_token_ids=spec.eos_token_ids,
                              dtype=spec.dtype, env=dict(spec.env), **spec.engine_kwargs)

@@ -5,8 +5,8 @@ restarted by Ray, weights through Ray's object store.
 Only `workers.RolloutBackend` imports this module (and `build` to validate the keys), and only when
 rollout.placement is "ray"; the no-Ray default stays `WorkerPool` over in-process `JaxSampler`s or
 `VllmWorkerProcess`es. The parts:
-  - `ray_actor.RolloutActor` / `WorkerSpec`: what runs in an actor (a JAX sampler or a vLLM engine);
-  - `ray_publisher.ObjectStorePublisher`: one object per version in Ray's object store;
+  - `actor.RolloutActor` / `WorkerSpec`: what runs in an actor (a JAX sampler or a vLLM engine);
+  - `publisher.ObjectStorePublisher`: one object per version in Ray's object store;
   - here, `RayWorker`: the driver's proxy of an actor, a `RolloutWorker`; Ray's actor errors
     (`RayActorError`: died, unavailable, ...) become `WorkerDied`, so a `WorkerPool` drops the
     in-flight request and calls `make_worker(i)` again;

@@ -49,31 +49,6 @@ class PublishRecord:
   write_s: float = float("nan")
   location: str = ""
 
-  # The names of the per-publisher records this one replaced.
-  @property
-  def shm_path(self) -> str:
-    return self.location
-
-  @property
-  def hf_dir(self) -> str:
-    return self.location
-
-  @property
-  def put_s(self) -> float:
-    return self.write_s
-
-  @property
-  def seconds(self) -> float:
-    return self.stall_s
-
-  @property
-  def write_seconds(self) -> float:
-    return self.write_s
-
-  @property
-  def transfer_seconds(self) -> float:
-    return self.stall_s - self.write_s
-
 
 class Publisher(Protocol):
   """What `RolloutBackend` and the benches use of a publisher (see the module docstring)."""
