@@ -318,6 +318,16 @@ def scheduler_errors(s, c) -> list[str]:
   if s.reference_tokens < 0:
     errors.append(f"scheduler.reference_tokens={s.reference_tokens} must be >= 0 "
                   "(0 = calibrate on the first request)")
+  k = s.get("generation_batch", 1)
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    errors.append(f"scheduler.generation_batch={k!r} must be an integer >= 0 (requests per sampler "
+                  "call; 0 = auto, 1 = one request per call)")
+  elif k != 1 and (s.kind != "simulated" or c.rollout.backend != "jax"
+                   or c.rollout.get("placement", "local") != "local"):
+    errors.append(f"scheduler.generation_batch={k} batches the requests of the simulated schedule's "
+                  f"in-process JAX sampler; this run has scheduler.kind={s.kind!r}, rollout.backend="
+                  f"{c.rollout.backend!r}, rollout.placement={c.rollout.get('placement', 'local')!r}"
+                  ": set scheduler.generation_batch=1")
   if s.kind == "sync":
     request = c.rollout.prompts_per_request * c.rollout.group_size
     r = s.rollouts_per_step
