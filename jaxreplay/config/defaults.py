@@ -217,8 +217,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.scheduler.generation_batch = 1  # simulated + jax sampler: K requests generated in one sampler
                                    # call (the next K - 1 ahead, at the same weights; results kept
                                    # while the weights version holds, each request's noise its own,
-                                   # so K changes speed only); 0 = auto (requests per weights
-                                   # version); 1 = one request per call
+                                   # so K changes speed only); 0 = auto (the fewest requests
+                                   # that fill whole rollout.sampler_batch_size batches); 1 = one
+                                   # request per call
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)

@@ -461,14 +461,13 @@ def test_generation_batch_auto_and_errors():
   import ml_collections  # pylint: disable=g-import-not-at-top
   from jaxreplay.run.schedules import base, simulated as simulated_lib  # pylint: disable=g-import-not-at-top
   c = ml_collections.ConfigDict({
-      "rollout": {"num_workers": 6, "prompts_per_request": 1, "group_size": 8, "refresh_every": 1},
-      "trainer": {"num_devices": 2}, "buffer": {"on_policy": True, "batch_size": 512},
-      "scheduler": {"mu": 6.84, "generation_batch": 0}})
-  assert simulated_lib.resolve_generation_batch(c) == 64  # B / (P G): one batch per version
-  c.buffer.on_policy = False
-  assert simulated_lib.resolve_generation_batch(c) == 29  # ceil(6 * 512 / (2 * 6.84 * 8))
-  c.rollout.refresh_every = 2
-  assert simulated_lib.resolve_generation_batch(c) == 57
+      "rollout": {"prompts_per_request": 1, "group_size": 8, "sampler_batch_size": 32},
+      "scheduler": {"generation_batch": 0}})
+  assert simulated_lib.resolve_generation_batch(c) == 4  # 4 x 8 rows fill one batch of 32
+  c.rollout.group_size = 48
+  assert simulated_lib.resolve_generation_batch(c) == 2  # 96 rows: 3 full batches
+  c.rollout.group_size = 64
+  assert simulated_lib.resolve_generation_batch(c) == 1  # a request fills 2 batches alone
   c.scheduler.generation_batch = 7
   assert simulated_lib.resolve_generation_batch(c) == 7
   with pytest.raises(ValueError, match="generation_batch=0 must be >= 1"):

@@ -156,14 +156,12 @@ def decode_group(state: dict[str, Any]) -> Group:
 @dataclasses.dataclass
 class _Ahead:
   """A request generated before it started (`LocalWorker`, generation_batch > 1): its prompt
-  indices, settings, the weights version it was sampled at, its groups, and its share of the
-  call's measured seconds (by generated tokens)."""
+  indices, settings, the weights version it was sampled at, and its groups."""
   version: int
   indices: tuple[int, ...]
   n: int
   sampling: SamplingParams
   groups: list[Group]
-  seconds: float
 
   def serves(self, batch: PromptBatch, version: int) -> bool:
     """Whether these are the groups `batch` gets when it starts at `version`."""
@@ -179,7 +177,7 @@ class _Ahead:
   def state_dict(self, request: int) -> dict[str, Any]:
     return {"request": int(request), "version": int(self.version),
             "indices": [int(i) for i in self.indices], "n": int(self.n),
-            "sampling": dataclasses.asdict(self.sampling), "seconds": float(self.seconds),
+            "sampling": dataclasses.asdict(self.sampling),
             "groups": [encode_group(g) for g in self.groups]}
 
   @classmethod
@@ -187,8 +185,7 @@ class _Ahead:
     sampling = dict(state["sampling"])
     sampling["stop_token_ids"] = tuple(int(t) for t in sampling["stop_token_ids"])
     return cls(int(state["version"]), tuple(int(i) for i in state["indices"]), int(state["n"]),
-               SamplingParams(**sampling), [decode_group(g) for g in state["groups"]],
-               float(state["seconds"]))
+               SamplingParams(**sampling), [decode_group(g) for g in state["groups"]])
 
 
 def _indices(batch: PromptBatch) -> tuple[int, ...]:
@@ -226,7 +223,8 @@ class LocalWorker:
   at newer weights (or is another request) every waiting result is discarded
   (`state.speculative_discarded` counts their rollouts) and a new call is made. The waiting
   results are part of the schedule's checkpoint (`state_dict`), so a resumed run serves what the
-  uninterrupted one would have served.
+  uninterrupted one would have served. The measured seconds of a call go to the hooks with the
+  request that made it (those served later report 0: the machine's time is counted when spent).
   """
 
   def __init__(self, make_worker: MakeWorker, state: Optional["SimState"] = None,
@@ -269,12 +267,12 @@ class LocalWorker:
 
   def _generate_ahead(self, hooks: Hooks, worker: RolloutWorker, batch: PromptBatch,
                       version: int) -> tuple[list[Group], float]:
-    """(groups, measured seconds) of request number `state.requests`: waiting, or generated now
-    with the next K - 1 expected requests."""
+    """(groups, measured seconds) of request number `state.requests`: waiting (0 seconds), or
+    generated now with the next K - 1 expected requests (the call's seconds)."""
     number = self.state.requests
     waiting = self._ahead.pop(number, None)
     if waiting is not None and waiting.serves(batch, version):
-      return waiting.groups, waiting.seconds
+      return waiting.groups, 0.0
     if waiting is not None:
       self._ahead[number] = waiting
     self.discard()
@@ -287,13 +285,11 @@ class LocalWorker:
     outputs = worker.generate_requests(
         [(b.prompts, b.n, number + j) for j, b in enumerate(batches)], batch.sampling)
     seconds = time.perf_counter() - t0
-    tokens = [sum(len(c.tokens) for g in groups for c in g.completions) for groups in outputs]
-    share = [seconds * t / max(sum(tokens), 1) for t in tokens]
     for j in range(1, len(batches)):
-      ahead = _Ahead(version, _indices(batches[j]), batch.n, batch.sampling, outputs[j], share[j])
+      ahead = _Ahead(version, _indices(batches[j]), batch.n, batch.sampling, outputs[j])
       self._ahead[number + j] = ahead
       self.state.speculative_rows += ahead.rows
-    return outputs[0], share[0]
+    return outputs[0], seconds
 
   def discard(self) -> None:
     """Drops every result generated ahead (counted in `state.speculative_discarded`)."""

@@ -177,18 +177,13 @@ class SimulatedScheduler(_LocalJobs):
 
 
 def resolve_generation_batch(config) -> int:
-  """K of `scheduler.generation_batch`, with 0 (auto) resolved to the requests expected to start
-  at one weights version: refresh_every times the requests per update, B / (P G) on-policy (the
-  workers fill each batch), W B / (T mu P G) otherwise (the workers' output over one train step of
-  B / T rollouts' training time, each rollout costing mu / B of it to generate)."""
+  """K of `scheduler.generation_batch`, with 0 (auto) resolved to the fewest requests whose rows
+  fill whole sampler batches: lcm(P G, rollout.sampler_batch_size) / (P G) (4 for requests of
+  8 rollouts and batches of 32). The sampler's cost per row hardly falls beyond full batches
+  (bench/bench_sim_run.py), while every request generated ahead of a weights refresh is thrown
+  away: more than the fewest that fill the batches only costs."""
   k = int(config.scheduler.get("generation_batch", 1))
   if k:
     return k
-  c = config
-  request = c.rollout.prompts_per_request * c.rollout.group_size
-  if c.buffer.on_policy:
-    per_update = c.buffer.batch_size / request
-  else:
-    per_update = (c.rollout.num_workers * c.buffer.batch_size
-                  / (c.trainer.num_devices * c.scheduler.mu * request))
-  return max(1, math.ceil(per_update * c.rollout.refresh_every))
+  request = config.rollout.prompts_per_request * config.rollout.group_size
+  return math.lcm(request, config.rollout.sampler_batch_size) // request
