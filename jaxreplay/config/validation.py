@@ -324,10 +324,11 @@ def scheduler_errors(s, c) -> list[str]:
                   "call; 0 = auto, 1 = one request per call)")
   elif k != 1 and (s.kind != "simulated" or c.rollout.backend != "jax"
                    or c.rollout.get("placement", "local") != "local"):
-    errors.append(f"scheduler.generation_batch={k} batches the requests of the simulated schedule's "
-                  f"in-process JAX sampler; this run has scheduler.kind={s.kind!r}, rollout.backend="
-                  f"{c.rollout.backend!r}, rollout.placement={c.rollout.get('placement', 'local')!r}"
-                  ": set scheduler.generation_batch=1")
+    placement = c.rollout.get("placement", "local")
+    errors.append(f"scheduler.generation_batch={k} batches the requests of the simulated "
+                  f"schedule's in-process JAX sampler; this run has scheduler.kind={s.kind!r}, "
+                  f"rollout.backend={c.rollout.backend!r}, rollout.placement={placement!r}: set "
+                  "scheduler.generation_batch=1")
   if s.kind == "sync":
     request = c.rollout.prompts_per_request * c.rollout.group_size
     r = s.rollouts_per_step

@@ -202,7 +202,8 @@ def upcoming_requests(intake, batch: PromptBatch, count: int) -> list[PromptBatc
   size, first = len(indices), max(indices) + 1
   out = []
   for j in range(count):
-    items = [(i, intake.prompts.problem(i)) for i in range(first + j * size, first + (j + 1) * size)]
+    items = [(i, intake.prompts.problem(i))
+             for i in range(first + j * size, first + (j + 1) * size)]
     out.append(PromptBatch([intake.codec.encode_prompt(p.prompt) for _, p in items], batch.n,
                            batch.sampling, meta=items))
   return out
