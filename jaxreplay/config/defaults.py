@@ -214,6 +214,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.scheduler.reference_tokens = 0.0  # completion tokens of a reference rollout; 0 = the mean of
                                    # the run's first request
   c.scheduler.rollouts_per_step = 64  # sync: R, rollouts generated per gradient step
+  c.scheduler.generation_batch = 1  # simulated + jax sampler: K requests generated in one sampler
+                                   # call (the next K - 1 ahead, at the same weights; results kept
+                                   # while the weights version holds, each request's noise its own,
+                                   # so K changes speed only); 0 = auto (the fewest requests
+                                   # that fill whole rollout.sampler_batch_size batches); 1 = one
+                                   # request per call
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)

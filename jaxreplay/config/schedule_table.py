@@ -15,13 +15,17 @@ from typing import Any
 class ScheduleRecord:
   """cls: the `Schedule` class, or its "module:Class" import path.
   rollouts_per_step: it generates scheduler.rollouts_per_step rollouts per step (R), so
-    validation checks R against one request and the on-policy queue."""
+    validation checks R against one request and the on-policy queue.
+  batched_generation: its requests run in virtual time on one in-process worker, which may
+    generate the next requests together (scheduler.generation_batch != 1)."""
   cls: Any
   rollouts_per_step: bool = False
+  batched_generation: bool = False
 
 
 SCHEDULES: dict[str, ScheduleRecord] = {
-    "simulated": ScheduleRecord("jaxreplay.run.schedules.simulated:SimulatedScheduler"),
+    "simulated": ScheduleRecord("jaxreplay.run.schedules.simulated:SimulatedScheduler",
+                                batched_generation=True),
     "sync": ScheduleRecord("jaxreplay.run.schedules.sync:SyncScheduler", rollouts_per_step=True),
     "async": ScheduleRecord("jaxreplay.run.schedules.async_:AsyncScheduler"),
 }

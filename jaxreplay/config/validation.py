@@ -337,6 +337,19 @@ def scheduler_errors(s, c) -> list[str]:
   if s.reference_tokens < 0:
     errors.append(f"scheduler.reference_tokens={s.reference_tokens} must be >= 0 "
                   "(0 = calibrate on the first request)")
+  k = s.get("generation_batch", 1)
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    errors.append(f"scheduler.generation_batch={k!r} must be an integer >= 0 (requests per sampler "
+                  "call; 0 = auto, 1 = one request per call)")
+  elif k != 1:
+    placement = c.rollout.get("placement", "local")
+    in_process = placement == "local" and all(
+        b.on_trainer_devices for b in backend_table.candidates(c.rollout.backend))
+    if record is None or not record.batched_generation or not in_process:
+      errors.append(f"scheduler.generation_batch={k} batches the requests of a schedule that "
+                    "generates in virtual time on the in-process JAX sampler; this run has "
+                    f"scheduler.kind={s.kind!r}, rollout.backend={c.rollout.backend!r}, "
+                    f"rollout.placement={placement!r}: set scheduler.generation_batch=1")
   if record is not None and record.rollouts_per_step:
     request = c.rollout.prompts_per_request * c.rollout.group_size
     r = s.rollouts_per_step

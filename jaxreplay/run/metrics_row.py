@@ -36,7 +36,11 @@ Keys of a row, by source (units in brackets):
                                  1 for the on-policy queue, charged (1 + mu) C per update as in the
                                  paper; with buffer.reuse_control the spent compute per update over
                                  (1 + mu)) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
-                                 completion length the generation cost is calibrated at
+                                 completion length the generation cost is calibrated at;
+                                 sim/speculative_rows, sim/speculative_discarded (only with
+                                 scheduler.generation_batch > 1, once it generated ahead): rollouts
+                                 generated before their request started, and those of them thrown
+                                 away (newer weights at the start); neither is virtual compute
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
                                  started), time/wall_s (since the run started, over resumes)
@@ -157,10 +161,14 @@ sync_gamma = accounting.sync_gamma  # (moved; the sync schedule asks accounting)
 def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
   """The modelled hardware's compute under the simulated / sync schedules (device-seconds)."""
   s = sim_state
-  return {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
-          "sim/training_device_seconds": s.training_device_seconds,
-          "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
-          "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+  out = {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
+         "sim/training_device_seconds": s.training_device_seconds,
+         "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
+         "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+  if s.speculative_rows:  # scheduler.generation_batch > 1, once rollouts were generated ahead
+    out["sim/speculative_rows"] = float(s.speculative_rows)
+    out["sim/speculative_discarded"] = float(s.speculative_discarded)
+  return out
 
 
 def zero_variance_fraction(rewards: np.ndarray, group_size: int) -> float:

@@ -365,3 +365,37 @@ def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
   s.close()
   with pytest.raises(ValueError, match="closed"):
     s.generate(PROMPTS, 1, greedy)
+
+
+def test_generate_requests_equals_one_generate_call_per_request(model, sampler):
+  """Requests sampled together (12 rows in two batches of 8, the second padded; alone each is one
+  padded batch) get exactly the completions of their own `generate` call at the same call index."""
+  requests = [(PROMPTS[:2], 2, 5), ([PROMPTS[2]], 3, 9), (PROMPTS, 1, 6), ([PROMPTS[0]], 2, 0)]
+  saved = sampler.call_count
+  together = sampler.generate_requests(requests, SETTINGS)
+  assert sampler.call_count == saved  # the call indices are the caller's
+  assert [len(g) for g in together] == [2, 1, 3, 1]
+  for (prompts, n, call), groups in zip(requests, together):
+    sampler.call_count = call
+    alone = sampler.generate(prompts, n, SETTINGS)
+    for a, b in zip(alone, groups):
+      np.testing.assert_array_equal(a.prompt_tokens, b.prompt_tokens)
+      assert a.prompt_index == b.prompt_index and a.policy_version == b.policy_version
+      for x, y in zip(a.completions, b.completions, strict=True):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_array_equal(x.logprobs, y.logprobs)
+        assert x.finish_reason == y.finish_reason
+  sampler.call_count = saved
+  # Another call index draws other samples; the per-row keys are those of `generate`.
+  other = sampler.generate_requests([(PROMPTS[:2], 2, 4)], SETTINGS)[0]
+  assert any((a.tokens.shape != b.tokens.shape) or (a.tokens != b.tokens).any()
+             for g, h in zip(other, together[0]) for a, b in zip(g.completions, h.completions))
+  base = jax.random.fold_in(jax.random.key(3), 7)
+  mixed = jax_sampler._row_keys(base, np.array([2, 2, 5]), np.array([0, 1, 0]))
+  expect = [jax.random.fold_in(jax.random.fold_in(base, c), r) for c, r in ((2, 0), (2, 1), (5, 0))]
+  np.testing.assert_array_equal(jax.random.key_data(mixed),
+                                np.stack([jax.random.key_data(k) for k in expect]))
+  with pytest.raises(ValueError, match="n=0"):
+    sampler.generate_requests([(PROMPTS, 0, 1)], SETTINGS)
+  with pytest.raises(ValueError, match="call index -1"):
+    sampler.generate_requests([(PROMPTS, 1, -1)], SETTINGS)

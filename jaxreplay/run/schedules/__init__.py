@@ -20,7 +20,12 @@ Events at equal times are processed trainer first, then workers by index; work i
 workers first (so they sample with the weights just published), then the trainer. The real
 computation runs in that order on this machine (one local worker generates for every virtual one),
 so the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and
-the same seed gives the same run bit for bit, whatever this machine's speed.
+the same seed gives the same run bit for bit, whatever this machine's speed. With
+`scheduler.generation_batch` K > 1 the local worker generates a request together with the K - 1
+requests expected next, at the same weights (`LocalWorker`): request m still draws the noise of
+call m, and is served from that call only if it starts at the same weights version, so the
+requests, their tokens and the virtual clock are those of K = 1 (bit for bit where the sampler's
+batches keep their shape, i.e. the same prompt bucket; else up to its float rounding).
 
 Synchronous schedule (`SyncScheduler`): the theory's setting (PAPER.md, Section 4). Each step
 generates R = `rollouts_per_step` rollouts with the current policy into the buffer (a FIFO of N),
