@@ -112,15 +112,18 @@ class RayWorker:
     return self._call("ping", (), timeout_s)
 
   @property
-  def call_count(self) -> int:
-    """JAX-sampler actors: generate calls so far (the noise stream; `JaxSampler.call_count`).
-    Other actors have no such attribute (`hasattr` is False)."""
-    self._require_jax()
+  def call_count(self) -> Optional[int]:
+    """JAX-sampler actors: generate calls so far (the noise stream; `JaxSampler.call_count`);
+    None for other actors (`RolloutWorker.call_count`)."""
+    if self.info.get("backend") != "jax":
+      return None
     return self._call("get_call_count", (), 60.0)
 
   @call_count.setter
   def call_count(self, value: int) -> None:
-    self._require_jax()
+    if self.info.get("backend") != "jax":
+      raise ValueError(f"call_count={value}: only JAX-sampler actors count their calls (this "
+                       f"actor runs {self.info.get('backend')!r})")
     self._call("set_call_count", (int(value),), 60.0)
 
   def close(self) -> None:
@@ -132,10 +135,6 @@ class RayWorker:
     actor = self._actor
     if actor is not None:
       ray.kill(actor, no_restart=False)
-
-  def _require_jax(self) -> None:
-    if self.info.get("backend") != "jax":
-      raise AttributeError("call_count: only JAX-sampler actors count their calls")
 
   def _call(self, method: str, args: tuple, timeout_s: Optional[float]):
     actor = self._actor
