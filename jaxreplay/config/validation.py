@@ -303,8 +303,9 @@ def trainer_errors(t, c) -> list[str]:
       trainer.loss_fn_from_config(t)
     except (ValueError, TypeError) as e:
       errors.append(str(e))
-    if c.rollout.group_size < 2 and t.loss == "grpo":
-      errors.append("rollout.group_size=1 gives GRPO zero advantages; use group_size >= 2 or "
+    if c.rollout.group_size < algorithms.get(t.loss).min_group_size:
+      errors.append(f"rollout.group_size={c.rollout.group_size} gives trainer.loss={t.loss!r} zero "
+                    f"advantages; use group_size >= {algorithms.get(t.loss).min_group_size} or "
                     "trainer.loss='asymre'")
   if t.schedule not in optim.SCHEDULES:
     errors.append(f"trainer.schedule={t.schedule!r}: expected one of {optim.SCHEDULES}")

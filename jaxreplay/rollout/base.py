@@ -105,9 +105,17 @@ class Weights:
 
 
 class RolloutWorker(Protocol):
-  """What every backend implements."""
+  """What every backend implements.
+
+  policy_version: the version of the weights the worker holds.
+  call_count: generate calls so far, for a worker whose sampling noise follows them (the JAX
+    sampler: call k draws from fold_in(seed, sampling.seed, k)); assignable, so a resumed run (and
+    an evaluation) continues that noise stream. None for a worker without one (vLLM engines seed
+    each request themselves).
+  """
 
   policy_version: int
+  call_count: Optional[int]
 
   def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
     """Samples `n` completions for each prompt (int32 [Lp] token arrays); one Group per prompt."""

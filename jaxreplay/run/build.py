@@ -135,8 +135,9 @@ def trainer_mesh(c):
 @dataclasses.dataclass
 class LearnerParts:
   """The trainer's side: the policy's architecture, its mesh, the train state and the jitted
-  functions over it. `state` is the initial (or restored) train state: the pipeline owns it from
-  then on (the first step donates its buffers)."""
+  functions over it. `state` is the train state's one owner: built (or restored) here, replaced
+  after each step by `training.Training.train_on` (the step donates the old buffers); every other
+  reader (evaluation, checkpoints, exports) reads it here."""
   model_cfg: ModelConfig
   mesh: Any
   state: Any
@@ -179,18 +180,11 @@ class TelemetryParts:
   regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
 
 
-# Each group's fields, readable (and assignable) on `Parts` by their flat names: `parts.buffer` is
-# `parts.data.buffer`.
-_GROUPS = {"learner": LearnerParts, "data": DataParts, "generation": GenerationParts,
-           "telemetry": TelemetryParts}
-_FLAT = {f.name: group for group, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
-
-
 @dataclasses.dataclass
 class Parts:
   """Everything a run holds, built once by `build`, in groups: `learner`, `data`, `generation`,
-  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. Every
-  group's field is also an attribute of its own name (`parts.state`, `parts.buffer`, ...)."""
+  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. A part
+  is read through its group: `parts.data.buffer`, `parts.learner.state`, ..."""
   config: Any
   workdir: str
   learner: LearnerParts
@@ -202,22 +196,8 @@ class Parts:
 
   def model_params(self, params):
     """The policy's params of train-state params `params` (with LoRA: the base with them attached)."""
-    return params if self.lora is None else self.lora.model_params(params)
-
-
-def _flat_property(group: str, name: str) -> property:
-  def get(self):
-    return getattr(getattr(self, group), name)
-
-  def set_(self, value):
-    setattr(getattr(self, group), name, value)
-
-  return property(get, set_, doc=f"`{group}.{name}`")
-
-
-for _name, _group in _FLAT.items():
-  setattr(Parts, _name, _flat_property(_group, _name))
-del _name, _group
+    lora = self.learner.lora
+    return params if lora is None else lora.model_params(params)
 
 
 def make_learner(c, model_cfg: ModelConfig, mesh) -> tuple[LearnerParts, Any, Any]:

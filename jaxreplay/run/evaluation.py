@@ -31,14 +31,15 @@ GenerateManyFn = Callable[[list[Request]], list[list[Group]]]
 def engine_jobs(requests: Sequence[Request], first_call: int) -> list[Callable[[Any], list[Group]]]:
   """One job per request for a rollout worker: `job(worker) -> worker.generate(*request)`.
 
-  A worker that counts its calls (`call_count`: the JAX sampler's noise stream, which a resumed
-  simulated run continues) draws job j's noise from call index `first_call + j` and gets its own
-  count back afterwards, so evaluation leaves the rollouts' noise untouched and its own noise
-  follows the checkpointed eval counter (`first_call`). Other workers (vLLM) just generate.
+  A worker that counts its calls (`RolloutWorker.call_count` not None: the JAX sampler's noise
+  stream, which a resumed simulated run continues) draws job j's noise from call index
+  `first_call + j` and gets its own count back afterwards, so evaluation leaves the rollouts' noise
+  untouched and its own noise follows the checkpointed eval counter (`first_call`). Other workers
+  (vLLM: call_count None) just generate.
   """
   def make(j: int, request: Request) -> Callable[[Any], list[Group]]:
     def job(worker) -> list[Group]:
-      if not hasattr(worker, "call_count"):
+      if worker.call_count is None:
         return worker.generate(*request)
       saved = worker.call_count
       worker.call_count = first_call + j

@@ -4,10 +4,13 @@ Keys of a row, by source (units in brackets):
   step, policy_version           updates applied; published_version: newest weights the workers have
   loss, grad_norm, param_norm, learning_rate, entropy, tokens, seq_tokens, and the loss's aux
                                  statistics (`jaxreplay.learner.losses.AUX_KINDS`): the train step
+  dual_clip_fraction             with trainer.dual_clip only: the fraction of valid tokens where
+                                 the dual-clip bound c * A (A < 0) binds
   tis_*, mis_*, m2po_*,          the off-policy correction of trainer.off_policy (with it only,
-  decoupled_*                    `jaxreplay.learner.corrections`): the fraction of valid tokens it
-                                 truncates (tis_truncated_fraction) or masks (mis_masked_fraction,
-                                 m2po_masked_fraction, decoupled_masked_fraction;
+  decoupled_*                    its row of `learner.corrections.CORRECTIONS`): the fraction of
+                                 valid tokens it truncates (tis_truncated_fraction) or masks
+                                 (mis_masked_fraction, m2po_masked_fraction,
+                                 decoupled_masked_fraction;
                                  mis_masked_sequence_fraction: of sequences), tis_weight_mean,
                                  decoupled_weight_mean, m2po_second_moment (mean squared
                                  log-ratio before masking [nats^2])

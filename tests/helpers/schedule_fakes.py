@@ -12,7 +12,9 @@ SAMPLING = SamplingParams(max_tokens=2)
 
 
 class FakeWorker:
-  """Completions of 2 tokens, or of `lengths(prompt)` tokens when given."""
+  """Completions of 2 tokens, or of `lengths(prompt)` tokens when given (no call counter)."""
+
+  call_count = None
 
   def __init__(self, weights, log, lengths=None):
     self.policy_version, self.log, self.lengths = weights.version, log, lengths

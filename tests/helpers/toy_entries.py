@@ -11,7 +11,10 @@ from jaxreplay.run import schedules
 
 class ToyWorker:
   """A rollout worker of a toy backend: uniform random completions of `length` tokens over the
-  vocabulary (each token's sampler log-prob -log V), tagged with the version it holds."""
+  vocabulary (each token's sampler log-prob -log V), tagged with the version it holds; its noise
+  does not follow a call counter (`RolloutWorker.call_count` None)."""
+
+  call_count = None
 
   def __init__(self, vocab_size: int, seed: int, version: int, length: int = 4):
     self.vocab_size, self.length = int(vocab_size), int(length)

@@ -146,7 +146,7 @@ def test_vllm_eval_runs_on_the_engine_and_matches_the_jax_sampler(tmp_path, monk
   pipeline_lib.run(c, workdir)
 
   parts = parts_seen[0]
-  assert parts.config.eval.backend == "engines" and parts.eval_sampler is None  # no trainer KV cache
+  assert parts.config.eval.backend == "engines" and parts.generation.eval_sampler is None  # no trainer KV cache
   assert c.eval.backend == "auto"  # the caller's config is not mutated (the run resolved a copy)
   assert len(engines) == 1 and type(engines[0]).__name__ == "VllmWorkerProcess"
   eval_seeds = (c.seed + 7919, c.seed + 7920)

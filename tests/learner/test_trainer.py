@@ -13,6 +13,8 @@ import numpy as np
 import optax
 import pytest
 
+from jaxreplay.learner import algorithms
+from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
@@ -287,12 +289,15 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="eps_high=0.3 is an option of loss 'grpo', not of 'asymre'"):
-    trainer.make_loss_fn("asymre", eps_high=0.3)
+  with pytest.raises(TypeError, match="loss 'asymre' takes AsymreOptions, got GrpoOptions"):
+    trainer.make_loss_fn("asymre", algorithms.GrpoOptions(eps_high=0.3))
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
-    trainer.make_loss_fn(tis_cap=-1.0)
+    trainer.make_loss_fn(off_policy=corrections.OffPolicyOptions(tis_cap=-1.0))
   with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):
-    trainer.make_loss_fn(tis_cap=2.0, eps_high=0.0)
+    trainer.make_loss_fn("grpo", algorithms.GrpoOptions(eps_high=0.0),
+                         off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
+  with pytest.raises(ValueError, match="kl_clamp=-1.0"):
+    trainer.make_loss_fn(kl_clamp=-1.0)
   with pytest.raises(ValueError, match="normalizer"):
     trainer.make_loss_fn(normalizer=10.0)
   with pytest.raises(TypeError, match="trainer.LossFn.*make_loss_fn.*function"):
@@ -304,7 +309,8 @@ def test_errors(data):
 
 def test_undeclared_aux_kind_raises(data, monkeypatch):
   """A statistic without a kind in losses.AUX_KINDS fails, naming it, with and without micro-batches."""
-  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.learner.losses.AUX_KINDS"):
+  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.learner.losses.AUX_KINDS.*"
+                                      "corrections.CORRECTIONS"):
     trainer._combine_aux({"new_stat": jnp.ones(2)}, jnp.ones(2), jnp.ones(2), jnp.ones(2))
   monkeypatch.setitem(losses.AUX_KINDS, "num_tokens", "mean")
   with pytest.raises(ValueError, match="'num_tokens'.*got 'mean'.*token_mean"):
@@ -333,7 +339,7 @@ TIS_CAP = 1.2  # small enough that the noisy behaviour log-probs of `data` trunc
 def test_tis_step_matches_the_formula(data):
   """tis_cap = C: loss = token mean of -min(pi_theta / pi_sampler, C) A, with its gradient."""
   batch = data["batch"]
-  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
 
   @jax.jit
   def direct_grads(params):
@@ -365,7 +371,7 @@ def test_tis_microbatches_equal_the_whole_batch(data):
   """With TIS on, k = 3 micro-batches of 2 rows == one 6-row batch (one row is all padding)."""
   rows = np.array([0, 1, 2, 3, 4, B - 1])
   batch = jax.tree.map(lambda x: x[rows], data["batch"])
-  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
   _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
   _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
   assert {"tis_weight_mean", "tis_truncated_fraction"} <= set(got)

@@ -1,5 +1,7 @@
-"""`run.build`: `Parts` (its groups, and the flat attribute names that read and assign through
-them), and the task a config builds (`make_task`)."""
+"""`run.build`: `Parts` (a record of groups, each part read through its group: no flat aliases),
+and the task a config builds (`make_task`)."""
+import dataclasses
+
 import pytest
 
 from jaxreplay.config import validation
@@ -7,7 +9,7 @@ from jaxreplay.config.defaults import base_config
 from jaxreplay.run import build as build_lib
 
 
-def test_flat_names_forward_to_the_groups():
+def test_parts_are_read_through_their_groups():
   learner = build_lib.LearnerParts(model_cfg=None, mesh=None, state="s0", train_step=len,
                                    logprob_fn=None)
   data = build_lib.DataParts(task=None, codec=None, tokenizer_dir=None, buffer="buf", intake=None,
@@ -17,14 +19,19 @@ def test_flat_names_forward_to_the_groups():
   tel = build_lib.TelemetryParts(accountant=None, metrics="m", writer=None)
   parts = build_lib.Parts(config=None, workdir="w", learner=learner, data=data, generation=gen,
                           telemetry=tel, checkpointer=None, resumed_host=None)
-  assert (parts.state, parts.buffer, parts.buckets, parts.metrics, parts.lora, parts.reuse,
-          parts.gen_seconds_per_rollout) == ("s0", "buf", (8,), "m", None, None, 1.5)
-  parts.train_step = abs  # tests wrap the step this way
-  assert learner.train_step is abs
+  assert (parts.learner.state, parts.data.buffer, parts.data.buckets, parts.telemetry.metrics,
+          parts.learner.lora, parts.data.reuse, parts.generation.gen_seconds_per_rollout) == (
+              "s0", "buf", (8,), "m", None, None, 1.5)
   assert parts.model_params("p") == "p"  # no LoRA: the params themselves
-  # every group field has its flat name, and no two groups share one
-  names = [f for cls in build_lib._GROUPS.values() for f in cls.__dataclass_fields__]
-  assert len(names) == len(set(names)) and set(names) == set(build_lib._FLAT)
+  # Parts' own fields are the groups and the run's record; no group field is repeated on it.
+  own = {f.name for f in dataclasses.fields(build_lib.Parts)}
+  assert own == {"config", "workdir", "learner", "data", "generation", "telemetry",
+                 "checkpointer", "resumed_host"}
+  grouped = [f.name for cls in (build_lib.LearnerParts, build_lib.DataParts,
+                                build_lib.GenerationParts, build_lib.TelemetryParts)
+             for f in dataclasses.fields(cls)]
+  assert len(grouped) == len(set(grouped))
+  assert not [name for name in grouped if hasattr(parts, name)]
 
 
 def test_build_accepts_num_digits_5_and_names_bad_task_keys():

@@ -163,6 +163,8 @@ def test_engine_jobs_draw_eval_noise_from_the_eval_counter_and_restore_the_worke
       return ["groups"]
 
   class Plain:  # a vLLM engine proxy: no call counter
+    call_count = None
+
     def __init__(self):
       self.calls = 0
 

@@ -113,15 +113,18 @@ class RayWorker:
     return self._call("ping", (), timeout_s)
 
   @property
-  def call_count(self) -> int:
-    """JAX-sampler actors: generate calls so far (the noise stream; `JaxSampler.call_count`).
-    Other actors have no such attribute (`hasattr` is False)."""
-    self._require_call_count()
+  def call_count(self) -> Optional[int]:
+    """Actors of samplers that count their calls (the JAX sampler's noise stream): generate calls
+    so far (`JaxSampler.call_count`); None for other actors (`RolloutWorker.call_count`)."""
+    if not self.info.get("counts_calls"):
+      return None
     return self._call("get_call_count", (), 60.0)
 
   @call_count.setter
   def call_count(self, value: int) -> None:
-    self._require_call_count()
+    if not self.info.get("counts_calls"):
+      raise ValueError(f"call_count={value}: only actors of samplers that count their calls have it "
+                       f"(this actor runs {self.info.get('backend')!r})")
     self._call("set_call_count", (int(value),), 60.0)
 
   def close(self) -> None:
@@ -133,11 +136,6 @@ class RayWorker:
     actor = self._actor
     if actor is not None:
       ray.kill(actor, no_restart=False)
-
-  def _require_call_count(self) -> None:
-    if not self.info.get("counts_calls"):
-      raise AttributeError("call_count: only actors of samplers that count their calls (the JAX "
-                           "sampler's noise stream) have it")
 
   def _call(self, method: str, args: tuple, timeout_s: Optional[float]):
     actor = self._actor

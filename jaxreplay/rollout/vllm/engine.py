@@ -163,7 +163,8 @@ def request_seed(engine_seed: int, sampling_seed: int, call_index: int, prompt_i
 
 
 class VllmEngine:
-  """An in-process offline vLLM engine behind the `RolloutWorker` protocol.
+  """An in-process offline vLLM engine behind the `RolloutWorker` protocol (no call counter: each
+  request is seeded by `request_seed`, `call_count` is None).
 
   Args:
     hf_dir: a directory written by `hf_io.save_hf` (config.json + safetensors), or with
@@ -191,6 +192,8 @@ class VllmEngine:
       base and policy versions arrive as `Weights(lora_dir=...)`. On CPU vLLM then runs eager (no compilation)
       and its LoRA kernels gather the adapters per token: decoding is ~2x slower.
   """
+
+  call_count = None  # `RolloutWorker.call_count`: no noise stream follows the calls
 
   def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
                max_num_seqs: int = 256, dtype: str = "float32", seed: int = 0,
@@ -459,6 +462,8 @@ class VllmWorkerProcess:
     env: environment variables for the child, set before it starts (so before it imports vLLM), e.g.
       `VLLM_CPU_OMP_THREADS_BIND`.
   """
+
+  call_count = None  # `RolloutWorker.call_count`: the engine's, none
 
   def __init__(self, hf_dir: str, *, startup_timeout_s: float = 300.0,
                request_timeout_s: Optional[float] = None, env: Optional[dict[str, str]] = None,

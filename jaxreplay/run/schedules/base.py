@@ -4,6 +4,7 @@ groups for checkpoints. The schedules themselves: `simulated`, `sync`, `async_` 
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -51,10 +52,11 @@ class Hooks(Protocol):
     """Evaluates, logs the metrics row and checkpoints when due."""
 
 
-class Schedule:
-  """What a schedule is, asked by the code that only has the config (`schedule_class(kind)`) or
-  the schedule, instead of testing `scheduler.kind` strings. Class-level facts:
+class Schedule(abc.ABC):
+  """The contract of a schedule, asked by the code that only has the config (`schedule_class(kind)`)
+  or the schedule, instead of testing `scheduler.kind` strings or `hasattr`.
 
+  Class-level facts:
     kind: its `config.scheduler.kind`.
     virtual_time: it runs on the simulated clock (`SimState`): the run's compute axis is that
       clock's device-seconds, and the metrics rows carry sim/* (simulated, sync). False: measured
@@ -65,12 +67,18 @@ class Schedule:
     leader_owns_workers: with several trainer processes, process 0 alone drives the rollout
       workers and the buffer and the others follow it (async); False: every process runs the
       schedule itself.
+    job_parallelism: how many workers may run jobs (`run_jobs`) at once.
+  What every schedule does: `run(hooks)` (until `hooks.done()`), `run_jobs(hooks, weights, fns)`
+  (jobs on its rollout workers at `weights`: the engine evaluation), `close()` (releases the
+  workers, also when `run` never started), and its checkpointed state: `state_dict()` (None:
+  nothing of its own to save, the default) / `load_state_dict(state)`.
   """
 
   kind: str = ""
   virtual_time: bool = False
   mismatch_at_generation: bool = False
   leader_owns_workers: bool = False
+  job_parallelism: int = 1
 
   @classmethod
   def num_actors(cls, config) -> int:
@@ -91,6 +99,29 @@ class Schedule:
     """The schedule of a built run (`jaxreplay.run.build.Parts`); every schedule defines it."""
     raise TypeError(f"{cls.__name__} does not define from_parts: a schedule builds itself from "
                     "the run's parts (see SimulatedScheduler.from_parts)")
+
+  @abc.abstractmethod
+  def run(self, hooks: Hooks) -> None:
+    """Runs the schedule until `hooks.done()`."""
+
+  @abc.abstractmethod
+  def run_jobs(self, hooks: Hooks, weights: Weights, fns: Sequence[Job]) -> list[Any]:
+    """Runs each job on a rollout worker at `weights`; returns their results in order."""
+
+  def close(self) -> None:
+    """Releases the workers (also when `run` never started)."""
+
+  def state_dict(self) -> Optional[dict[str, Any]]:
+    """The schedule's own state for a checkpoint (the host state's "scheduler"); None: none."""
+    return None
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores a checkpoint's "scheduler" state. A schedule without state of its own was
+    resumed from another schedule's checkpoint (a simulated run's in-flight requests): their
+    prompts are generated again."""
+    del state
+    logging.info("the checkpoint's in-flight simulated requests are generated again under "
+                 "scheduler.kind=%r", self.kind)
 
 
 @dataclasses.dataclass
@@ -212,8 +243,8 @@ def upcoming_requests(intake, batch: PromptBatch, count: int) -> list[PromptBatc
 class LocalWorker:
   """The one in-process worker that generates for every virtual worker, at the newest weights.
 
-  A worker that counts its calls (`call_count`, the JAX sampler's noise stream) starts at
-  `state.requests`, so a resumed run draws the noise the uninterrupted run would have drawn.
+  A worker that counts its calls (`RolloutWorker.call_count` not None: the JAX sampler's noise
+  stream) starts at `state.requests`, so a resumed run draws the noise the uninterrupted run would have drawn.
 
   generation_batch K > 1 (a JAX sampler; `state` required): a request that has no result waiting
   is generated in one `generate_requests` call together with the K - 1 requests the intake is
@@ -246,7 +277,7 @@ class LocalWorker:
       self._worker = self.make_worker(0, weights)
       if self._worker.policy_version != weights.version:  # started without them (superseded)
         self._worker.load_weights(weights)
-      if self.state is not None and hasattr(self._worker, "call_count"):
+      if self.state is not None and self._worker.call_count is not None:
         self._worker.call_count = self.state.requests
       logging.info("started the rollout worker")
     elif self._worker.policy_version != weights.version:
@@ -335,8 +366,7 @@ class _LocalJobs(Schedule):
 def virtual_costs(parts) -> dict[str, Any]:
   """The simulated clock's costs of a built run: `cost`, `train_device_seconds` and `state`
   (the keyword arguments the simulated and sync schedules share)."""
-  c = parts.config
-  cost = GenerationCost(parts.gen_seconds_per_rollout, c.scheduler.prefill_fraction,
-                        parts.sim_state)
+  c, gen = parts.config, parts.generation
+  cost = GenerationCost(gen.gen_seconds_per_rollout, c.scheduler.prefill_fraction, gen.sim_state)
   return dict(cost=cost, train_device_seconds=c.scheduler.train_seconds_per_step,
-              state=parts.sim_state)
+              state=gen.sim_state)

@@ -48,7 +48,7 @@ class SimulatedScheduler(_LocalJobs):
   @classmethod
   def from_parts(cls, parts) -> "SimulatedScheduler":
     c = parts.config
-    return cls(parts.rollouts.make_worker, c.rollout.num_workers, c.trainer.num_devices,
+    return cls(parts.generation.rollouts.make_worker, c.rollout.num_workers, c.trainer.num_devices,
                generation_batch=resolve_generation_batch(c), **virtual_costs(parts))
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,

@@ -235,7 +235,7 @@ def test_vllm_actor_loads_object_store_weights_and_matches_the_jax_model(ray_clu
     worker = backend.make_worker(0, w0)
     print(f"\nvLLM actor start + first load: {time.perf_counter() - start:.1f} s (engine "
           f"{worker.info['startup_seconds']:.1f} s); load {worker.last_load_phases}")
-    assert worker.policy_version == 0 and not hasattr(worker, "call_count")
+    assert worker.policy_version == 0 and worker.call_count is None
     assert_logprobs_match(worker.generate(PROMPTS, 4, SAMPLING), params[0], params[1], 0)
     w1 = backend.publish(params[1], 1)
     phases = worker.load_weights(w1)

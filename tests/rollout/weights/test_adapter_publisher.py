@@ -161,7 +161,7 @@ def test_async_run_engines_sample_every_refreshed_version(tmp_path, monkeypatch)
 
   def recording_build(*args):
     parts = build(*args)
-    publish, train_step = parts.rollouts.publish, parts.train_step
+    publish, train_step = parts.generation.rollouts.publish, parts.learner.train_step
 
     def recording_publish(params, version):  # the adapters of every published version
       snapshots[int(version)] = jax.tree.map(np.array, jax.device_get(params))
@@ -171,13 +171,13 @@ def test_async_run_engines_sample_every_refreshed_version(tmp_path, monkeypatch)
       batches.append(batch)
       return train_step(state, batch)
 
-    parts.rollouts.publish, parts.train_step = recording_publish, recording_step
+    parts.generation.rollouts.publish, parts.learner.train_step = recording_publish, recording_step
     seen.append(parts)
     return parts
 
   monkeypatch.setattr(build_lib, "build", recording_build)
   pipeline_lib.run(c, str(tmp_path / "run"))
-  logprob_fn = seen[0].logprob_fn
+  logprob_fn = seen[0].learner.logprob_fn
   results = []  # (version, rows, max |engine - trainer at that version|, max |engine - initial|)
   for batch in batches:
     initial_lp = np.asarray(logprob_fn(snapshots[0], batch))
