@@ -53,3 +53,31 @@ def test_every_sweep_resolves_on_the_default_config(monkeypatch):
   monkeypatch.setattr(sweeps, "_task_holds", lambda task_json, n: False)
   assert dict(runner.plan_sweep(sweeps.SWEEPS["fig1"], 1)["specs"][0].overrides)[
       "eval.num_problems"] == runner.load_config(sweeps.DEFAULT_CONFIG).eval.num_problems
+
+
+def test_the_decisive_sweep_protocol_and_the_issue_26_sweep_kept_as_it_ran():
+  """`pareto` (issue 37): 200 on-policy updates of the large-batch config, a grid 2^(1/3) apart
+  from 1/128 of the budget, the protocol's keys on every arm before the arm's own; `pareto_i26`
+  plans exactly the args its committed runs were launched with."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  plan = runner.plan_sweep(sweeps.SWEEPS["pareto"], 1)
+  assert plan["budget"] == 200 * (1 + 6.84) * 16
+  grid = plan["grid"]
+  assert grid[0] == 0 and grid[1] == 196.0 and grid[-1] == plan["budget"] and len(grid) == 23
+  ratios = [b / a for a, b in zip(grid[1:], grid[2:])]
+  assert all(abs(r - 2 ** (1 / 3)) < 2e-3 for r in ratios), ratios
+  for spec in plan["specs"]:
+    args = spec.args()
+    for key, value in sweeps.DECISIVE_PROTOCOL:
+      assert f"--config.{key}={sweeps.format_value(value)}" in args
+    assert args.index("--config.eval.pass1_problems=0") < args.index(
+        next(a for a in args if a.startswith("--config.trainer.learning_rate=")))
+  i26 = runner.plan_sweep(sweeps.SWEEPS["pareto_i26"], 4)
+  assert i26["budget"] == 12544.0
+  repo = os.path.join(os.path.dirname(__file__), "..", "..")
+  with open(os.path.join(repo, "experiments", "runs", "pareto_i26", "onpolicy_lr3x", "seed1",
+                         "spec.json")) as f:
+    committed = json.load(f)["args"]
+  assert next(s.args() for s in i26["specs"]
+              if (s.arm, s.seed) == ("onpolicy_lr3x", 1)) == committed
