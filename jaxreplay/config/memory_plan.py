@@ -149,8 +149,11 @@ def device_memory_bytes(c) -> Optional[int]:
   return None
 
 
-def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
-  """The memory plan of config `c` (see the module docstring); a JSON-ready dict."""
+def plan(c, devices: Optional[list] = None, device_memory: Optional[int] = None
+         ) -> dict[str, Any]:
+  """The memory plan of config `c` (see the module docstring); a JSON-ready dict. `devices`: the
+  devices to plan the mesh on (default JAX's); `device_memory`: usable bytes of one trainer device
+  (default `device_memory_bytes(c)`)."""
   cfg = model_config(c)
   mesh = planned_mesh(c, devices)
   errors = batch_rule_errors(c, mesh)
@@ -204,7 +207,7 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   per_device["total"] = sum(per_device.values())
   padded = sharding.padded_leaves(
       jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
-  limit = device_memory_bytes(c)
+  limit = device_memory_bytes(c) if device_memory is None else int(device_memory)
   lora = None if spec is None else {
       "rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets), "dtype": spec.dtype,
       "adapter_params": lora_lib.num_params(cfg, spec)}
@@ -261,11 +264,52 @@ def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any
                       "mfu": ASSUMED_MFU}}
 
 
+# What lowers each compiled program's peak (`check_fits` with XLA's numbers).
+PROGRAM_FIXES = {
+    "train_step": "more trainer.num_microbatches, model.remat=True, a smaller "
+                  "trainer.logprob_chunk or model.max_len, more trainer devices "
+                  "(trainer.num_devices)",
+    "logprob_fn": "a smaller trainer.logprob_chunk or buffer.batch_size, more trainer devices",
+    "diagnostics": "more log.diagnostics_splits, or log.diagnostics_every=0",
+    "update_kl_probe": "a smaller log.diagnostics_probe (0: no update KL)",
+    "publish": "more trainer devices (trainer.num_devices)",
+    "export_check": "more trainer devices (trainer.num_devices)",
+    "sampler": "a smaller rollout.sampler_batch_size or model.max_len",
+    "eval_sampler": "a smaller eval.batch_size or model.max_len",
+}
+
+
+def with_compiled_fit(p: dict[str, Any]) -> dict[str, Any]:
+  """Adds XLA's side to a plan holding "compiled" ({program: record with "peak_bytes"}):
+  "peak" = {"analytic_bytes", "xla_bytes", "xla_program", "xla_over_analytic"}, and "fits" judged
+  by XLA's largest peak ("fits_analytic" keeps the analytic verdict). Returns `p`."""
+  name, rec = max(p["compiled"].items(), key=lambda kv: kv[1]["peak_bytes"])
+  analytic = p["per_device_bytes"]["total"]
+  p["peak"] = {"analytic_bytes": int(analytic), "xla_bytes": int(rec["peak_bytes"]),
+               "xla_program": name, "xla_over_analytic": rec["peak_bytes"] / max(1, analytic)}
+  limit = p["device_memory_bytes"]
+  p["fits_analytic"] = p["fits"]
+  p["fits"] = None if limit is None else bool(rec["peak_bytes"] <= limit)
+  if limit is not None:
+    p["peak"]["spare_fraction"] = 1.0 - rec["peak_bytes"] / limit
+  return p
+
+
 def check_fits(p: dict[str, Any]) -> None:
   """Raises DoesNotFit, naming the largest parts and what lowers them, when the plan's total
-  exceeds the device memory."""
+  (XLA's largest program peak when the plan holds compiled programs) exceeds the device memory."""
   if p["fits"] is not False:
     return
+  if "compiled" in p:
+    name = p["peak"]["xla_program"]
+    rec = p["compiled"][name]
+    raise DoesNotFit(
+        f"{name} needs {rec['peak_bytes'] / GIB:.1f} GiB per trainer device by XLA's count "
+        f"(arguments {rec['argument_bytes'] / GIB:.1f}, temporaries {rec['temp_bytes'] / GIB:.1f}"
+        f", other buffers alive {rec['resident_bytes'] / GIB:.1f} GiB) but "
+        f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable on {p['target']['name']} at "
+        f"devices.memory_fraction={p['target']['memory_fraction']:g}. Lower it with "
+        f"{PROGRAM_FIXES.get(name, 'more trainer devices')}, or raise devices.memory_fraction")
   parts = {k: v for k, v in p["per_device_bytes"].items() if k != "total"}
   top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
   raise DoesNotFit(
@@ -299,6 +343,8 @@ def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None)
   for k, v in p["per_device_bytes"].items():
     lines.append(f"{k:<16}{v / GIB:>10.2f}")
   limit = p["device_memory_bytes"]
+  if "compiled" in p:
+    lines += _format_compiled(p)
   lines.append(f"usable memory: {'unknown (set devices.memory_gib)' if limit is None else f'{limit / GIB:.2f} GiB'}"
                f"; fits: {p['fits']}")
   if "time" in p:
@@ -307,15 +353,49 @@ def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None)
                  f"({tp['publish_bytes'] / 1e9:.1f} GB) vs a step of ~{tp['step_s']:.1f} s: "
                  f"{100 * tp['publish_fraction']:.1f}% of the trainer's time at refresh_every="
                  f"{tp['refresh_every']}")
+    if "compute_s" in tp:
+      lines.append(f"step on {tp['target']} (compiled): {tp['step_flops_per_device'] / 1e12:.0f} "
+                   f"TFLOP per device -> {tp['compute_s']:.1f} s at MFU {ASSUMED_MFU:g}; "
+                   f"collectives {tp['comm_traffic_bytes_per_device'] / 1e9:.0f} GB per device -> "
+                   f"{tp['comm_s']:.2f} s at {tp['assumed']['nvlink_gbps']:g} GB/s NVLink ("
+                   + ", ".join(f"{k} {v['count']}x {v['bytes'] / 1e9:.0f} GB"
+                               for k, v in tp["collectives"].items()) + ")")
   lines.append(f"params per device: {p['params_fraction_per_device']:.3f} of the model"
                f"{'; padded leaves: ' + ', '.join(p['padded_leaves']) if p['padded_leaves'] else ''}")
   return "\n".join(lines)
 
 
+def _format_compiled(p: dict[str, Any]) -> list[str]:
+  """The compiled programs' table (XLA's per-device bytes) and the analytic-vs-XLA line."""
+  t = p["target"]
+  lines = [f"compiled for {t['name']} ({t['description']}, {t['memory_bytes'] / GIB:.1f} GiB), "
+           "per device GiB:",
+           f"  {'program':<16}{'args':>8}{'out':>8}{'alias':>8}{'temp':>8}{'other':>8}{'peak':>8}"
+           f"{'compile s':>11}"]
+  for name, r in p["compiled"].items():
+    lines.append(f"  {name:<16}" + "".join(
+        f"{r[k] / GIB:>8.2f}" for k in ("argument_bytes", "output_bytes", "alias_bytes",
+                                         "temp_bytes", "resident_bytes", "peak_bytes"))
+        + f"{r['compile_seconds']:>11.1f}")
+  pk = p["peak"]
+  lines.append(f"peak per device: analytic {pk['analytic_bytes'] / GIB:.2f} GiB, XLA "
+               f"{pk['xla_bytes'] / GIB:.2f} GiB ({pk['xla_program']}; XLA / analytic "
+               f"{pk['xla_over_analytic']:.2f})"
+               + (f"; {100 * pk['spare_fraction']:.1f}% of the usable memory to spare"
+                  if "spare_fraction" in pk else ""))
+  return lines
+
+
 def dry_run(c, workdir: str, split: Optional[devices_lib.GpuSplit] = None) -> dict[str, Any]:
   """Plans `c`, prints the plan, writes WORKDIR/plan.json and raises DoesNotFit when it does not
   fit. Nothing is loaded or started."""
-  p = plan(c)
+  return write_and_check(plan(c), workdir, split)
+
+
+def write_and_check(p: dict[str, Any], workdir: str,
+                    split: Optional[devices_lib.GpuSplit] = None) -> dict[str, Any]:
+  """Writes plan `p` (with the GPU split) to WORKDIR/plan.json, prints it and raises DoesNotFit
+  when it does not fit; returns it."""
   if split is not None:
     p["devices"]["trainer_gpus"] = list(split.trainer)
     p["devices"]["worker_gpus"] = list(split.workers)
