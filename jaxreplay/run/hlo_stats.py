@@ -45,7 +45,7 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 # collective opcode -> (kind, ring traffic factor f(n) on the counted bytes)
 COLLECTIVES = {
     "all-gather": "all-gather", "all-gather-start": "all-gather",
-    "reduce-scatter": "reduce-scatter",
+    "reduce-scatter": "reduce-scatter", "reduce-scatter-start": "reduce-scatter",
     "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
     "all-to-all": "all-to-all",
     "collective-permute": "collective-permute", "collective-permute-start": "collective-permute",
@@ -169,13 +169,11 @@ def _collective_bytes(ins: Instruction, kind: str, n: int) -> int:
   """The bytes a collective's traffic factor applies to (module docstring)."""
   parts = arrays(ins.shape)
   size = lambda xs: int(sum(DTYPE_BYTES[dt] * math.prod(d) for dt, d in xs))
-  if ins.opcode == "all-gather-start":  # (operands..., results...)
-    return size(parts[len(parts) // 2:])
-  if ins.opcode == "collective-permute-start":  # (operand, result, contexts...)
-    return size(parts[:1])
-  if kind == "reduce-scatter":
-    return size(parts) * n
-  return size(parts)
+  if ins.opcode in ("all-gather-start", "reduce-scatter-start"):  # (operands..., results...)
+    parts = parts[len(parts) // 2:]
+  elif ins.opcode == "collective-permute-start":  # (operand, result, contexts...)
+    parts = parts[:1]
+  return size(parts) * (n if kind == "reduce-scatter" else 1)
 
 
 def collectives(hlo: str) -> dict:
