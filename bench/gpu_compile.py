@@ -8,12 +8,13 @@ XLA / analytic, fits at devices.memory_fraction with the share to spare, compile
 record, the time records). Needs `pip install -e '.[gpu-compile]'`; ~10 minutes on 2 cores.
 
   python bench/gpu_compile.py [--configs qwen3_8b,...] [--targets h100,h200] [--out bench/results]
-      [--set trainer.num_microbatches=10 ...]
+      [--set trainer.num_microbatches=10 ...] [--replan bench/results/gpu_compile.json]
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -40,17 +41,24 @@ def load_config(name: str, overrides: list[str]):
     key, value = item.split("=", 1)
     section, field = key.split(".")
     old = c[section][field]
-    c[section][field] = value if isinstance(old, str) else type(old)(eval(value))  # pylint: disable=eval-used
+    if not isinstance(old, str):
+      value = type(old)(eval(value))  # pylint: disable=eval-used
+    c[section][field] = value
   return c
 
 
-def measure(name: str, target_name: str, overrides: list[str]) -> dict:
-  """One config on one target: the analytic plan and every compiled program."""
+def measure(name: str, target_name: str, overrides: list[str], recorded: dict = None) -> dict:
+  """One config on one target: the analytic plan and every compiled program (`recorded`: a row of
+  an earlier run whose compiled programs are reused: only the analytic side is recomputed)."""
   c = load_config(name, overrides)
   target = gpu_targets.load(target_name)
   start = time.perf_counter()
-  compiled, time_rec, devices = gpu_compile.compile_all(
-      c, target, log=lambda line: print(f"  {name}: {line}", flush=True))
+  if recorded is None:
+    compiled, time_rec, devices = gpu_compile.compile_all(
+        c, target, log=lambda line: print(f"  {name}: {line}", flush=True))
+  else:
+    compiled, time_rec = recorded["plan"]["compiled"], recorded["plan"]["time"]
+    devices = gpu_compile.compile_devices(target)
   limit = int(target.memory_bytes * c.devices.memory_fraction)
   p = memory_plan.plan(c, devices, device_memory=limit)
   p["target"] = {"name": target.name, "description": target.description,
@@ -59,7 +67,8 @@ def measure(name: str, target_name: str, overrides: list[str]) -> dict:
   p["time"].update(time_rec)
   memory_plan.with_compiled_fit(p)
   return {"config": name, "target": target_name, "overrides": overrides,
-          "analytic_peak_bytes": p["peak"]["analytic_bytes"], "xla_peak_bytes": p["peak"]["xla_bytes"],
+          "analytic_peak_bytes": p["peak"]["analytic_bytes"],
+          "xla_peak_bytes": p["peak"]["xla_bytes"],
           "xla_peak_program": p["peak"]["xla_program"],
           "xla_over_analytic": p["peak"]["xla_over_analytic"],
           "usable_bytes": limit, "fits": p["fits"], "spare_fraction": p["peak"]["spare_fraction"],
@@ -87,7 +96,8 @@ def step_lines(r: dict) -> list[str]:
   out = [f"{r['config']} on {r['target']}: train step {tp['step_flops_per_device'] / 1e12:.0f} "
          f"TFLOP per device ({tp['flops_source'].split(':')[0]}; the model's count "
          f"{tp['model_flops_per_device'] / 1e12:.0f}) -> {tp['compute_s']:.1f} s at MFU "
-         f"{tp['assumed']['mfu']:g}; collectives {tp['comm_traffic_bytes_per_device'] / 1e9:.0f} GB "
+         f"{tp['assumed']['mfu']:g}; collectives "
+         f"{tp['comm_traffic_bytes_per_device'] / 1e9:.0f} GB "
          f"per device -> {tp['comm_s']:.2f} s at {tp['assumed']['nvlink_gbps']:g} GB/s"]
   for kind, v in tp["collectives"].items():
     out.append(f"  {kind:<20}{v['count']:>7} per step {v['bytes'] / 1e9:>9.1f} GB "
@@ -101,9 +111,15 @@ def main():
   ap.add_argument("--targets", default=",".join(gpu_targets.names()))
   ap.add_argument("--set", nargs="*", default=[], help="config overrides section.key=value")
   ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+  ap.add_argument("--replan", default="", help="a gpu_compile.json whose compiled programs are "
+                  "kept: only the analytic plan is recomputed (no compile)")
   args = ap.parse_args()
   rows = []
-  for name in args.configs.split(","):
+  if args.replan:
+    with open(args.replan) as f:
+      for old in json.load(f)["rows"]:
+        rows.append(measure(old["config"], old["target"], old["overrides"], recorded=old))
+  for name in args.configs.split(",") if not args.replan else ():
     for target in args.targets.split(","):
       rows.append(measure(name, target, args.set))
       print(table(rows[-1:]).splitlines()[-1], flush=True)

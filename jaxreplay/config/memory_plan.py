@@ -291,12 +291,14 @@ def program_bytes(c, cfg: models.ModelConfig, per_device: dict[str, int], rows: 
   if splits >= 2:
     out["diagnostics"] = (state + per_device["params"] + grads_f32 + copy + activation_bytes(
         cfg, batch_rows // multiple // splits, seq, chunk, flash, dense_bias))
-  if probe:
-    out["update_kl_probe"] = state + copy + 2 * probe_out + forward_bytes(cfg, probe, seq, seq)
+  if probe:  # its output and the one kept from before the update; the forward's layers, twice
+    out["update_kl_probe"] = state + copy + 2 * probe_out + 2 * probe * seq * (
+        cfg.hidden_size + cfg.intermediate_size) * np.dtype(cfg.compute_dtype).itemsize
   cast = per_device["params"]
   if rollout_backend == "vllm":
     vllm_dtype = c.rollout.get("vllm_dtype", "auto")
-    itemsize = np.dtype(jax.numpy.dtype("bfloat16" if vllm_dtype == "auto" else vllm_dtype)).itemsize
+    dtype = "bfloat16" if vllm_dtype == "auto" else vllm_dtype  # the GPU engines' (auto)
+    itemsize = np.dtype(jax.numpy.dtype(dtype)).itemsize
     cast = per_device["params"] * itemsize // np.dtype(cfg.params_dtype).itemsize
   out["publish"] = state + copy + cast
   out["export_check"] = state + copy

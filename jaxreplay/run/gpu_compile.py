@@ -1,4 +1,4 @@
-"""Compile a run's GPU programs for a GPU this machine does not have (`--dry_run --compile_for=h100`).
+"""A run's GPU programs compiled for a GPU this machine does not have (`--compile_for=h100`).
 
 JAX's CUDA plugin builds compile-only GPU devices from a target description
 (`config.gpu_targets`, no driver, no device): `compile_devices(target, n)`. On them this module
@@ -160,9 +160,9 @@ def _sampler_program(name: str, cfg, policy, rows: int, c, mesh, resident: int) 
       use_top_k=0 < int(c.rollout.top_k) < cfg.vocab_size, use_top_p=float(c.rollout.top_p) < 1.0))
   args = (cfg, policy, s(jnp.int32, rows, prompt), s(jnp.int32, rows), s(jnp.bool_, rows), keys,
           s(jnp.float32), s(jnp.int32), s(jnp.float32), s(jnp.int32, 8), s(jnp.int32))
+  cache = min(max_len, prompt + max_new)
   return Program(name, fn, args, resident,
-                 what=f"prefill {rows} x {prompt} tokens + decode to a {min(max_len, prompt + max_new)}"
-                      "-token KV cache")
+                 what=f"prefill {rows} x {prompt} tokens + decode to a {cache}-token KV cache")
 
 
 @dataclasses.dataclass
@@ -311,7 +311,8 @@ def compile_program(program: Program) -> tuple[dict[str, Any], str]:
   seconds = time.perf_counter() - start
   m = compiled.memory_analysis()
   hlo = compiled.as_text()
-  rec = {"argument_bytes": int(m.argument_size_in_bytes), "output_bytes": int(m.output_size_in_bytes),
+  rec = {"argument_bytes": int(m.argument_size_in_bytes),
+         "output_bytes": int(m.output_size_in_bytes),
          "alias_bytes": int(m.alias_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
          "resident_bytes": int(program.resident_bytes)}
   rec["peak_bytes"] = (rec["argument_bytes"] + rec["output_bytes"] - rec["alias_bytes"]

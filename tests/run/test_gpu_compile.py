@@ -3,6 +3,7 @@
 plan, and `--dry_run --compile_for` end to end."""
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,7 +44,11 @@ def h100():
 def test_tiny_train_step_for_eight_h100s(h100):
   """The train step compiles for sm_90 over an 8-way fsdp mesh: every donated byte reused, no host
   transfer inside, the params gathered and the gradients reduced over the 8 devices, FLOPs near
-  the model's count, and the analytic plan's train step within 10% of XLA's bytes."""
+  the model's count; XLA's arguments are the plan's params + optimizer state + the batch, to the
+  byte, the donated state all reused. (The tiny model's temporaries are not the plan's: its
+  weights are smaller than its activations, so XLA gathers the batch instead of the weights; the
+  four GPU configs' are, in tests/config/test_memory_plan.py against
+  bench/results/gpu_compile.json.)"""
   target, devices = h100
   assert len(devices) == 8 and {d.platform for d in devices} == {"gpu"}
   assert devices[0].device_kind == target.description
@@ -64,8 +69,15 @@ def test_tiny_train_step_for_eight_h100s(h100):
   assert time_rec["trip_counts_known"] and time_rec["flops_source"].startswith("hlo")
   assert 0.5 < time_rec["step_flops_per_device"] / time_rec["model_flops_per_device"] < 1.5
   plan = memory_plan.plan(c, devices, device_memory=int(0.9 * target.memory_bytes))
-  analytic = plan["programs"]["train_step"]
-  assert abs(analytic / rec["peak_bytes"] - 1) < 0.1, (analytic, rec)
+  parts = plan["per_device_bytes"]
+  batch = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+              for x in jax.tree.leaves(step.args[1]))
+  state = parts["params"] + parts["opt_state"] + 4 + 8  # + the step (int32), the rng (uint32 [2])
+  assert rec["alias_bytes"] == state
+  # + the batch fields the step reads (jit drops the unused rewards and policy_version, 2 x 32 B)
+  assert rec["argument_bytes"] == state + batch - 2 * 8 * 4
+  assert rec["output_bytes"] >= rec["alias_bytes"] and rec["temp_bytes"] > 0
+  assert rec["peak_bytes"] < 0.01 * target.memory_bytes  # fits, by far
 
 
 def test_every_program_of_a_bf16_jax_sampler_run(h100):
