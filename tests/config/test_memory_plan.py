@@ -194,5 +194,5 @@ def test_programs_and_the_fit_use_the_largest():
   assert progs["publish"] == progs["export_check"] + per["params"] // 2  # bf16 for the engines
   assert p["peak"] == {"analytic_bytes": max(progs.values()), "analytic_program": "train_step"}
   c.devices.memory_gib = 70.0
-  with pytest.raises(memory_plan.DoesNotFit, match="train_step needs .* num_microbatches"):
+  with pytest.raises(memory_plan.DoesNotFit, match="train_step needs .*trainer.num_microbatches"):
     memory_plan.check_fits(memory_plan.plan(c))
