@@ -119,10 +119,14 @@ def _launch(tmp_path, *extra, env=None):
 
 def test_compile_for_writes_the_compiled_plan(tmp_path):
   require("jax_plugins.xla_cuda13")
-  out = _launch(tmp_path, "--dry_run", "--compile_for=h100", "--config.rollout.backend=jax")
+  # (the diagnostics and the evaluation sampler: in the bf16 test above; not compiled again here)
+  out = _launch(tmp_path, "--dry_run", "--compile_for=h100", "--config.rollout.backend=jax",
+                "--config.log.diagnostics_every=0", "--config.eval.num_problems=0")
   assert out.returncode == 0, out.stderr[-3000:]
   plan = json.load(open(tmp_path / "plan.json"))
   assert plan["target"]["name"] == "h100" and plan["devices"]["platform"] == "gpu"
+  assert set(plan["compiled"]) == set(plan["programs"]) == {
+      "train_step", "logprob_fn", "publish", "export_check", "sampler"}
   for rec in plan["compiled"].values():
     assert set(gpu_compile.MEMORY_KEYS) <= set(rec)
   assert plan["peak"]["xla_bytes"] == max(r["peak_bytes"] for r in plan["compiled"].values())
