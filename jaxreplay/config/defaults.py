@@ -136,6 +136,12 @@ def base_config() -> ml_collections.ConfigDict:
                                    # (priority exp(-age / fresh_tau), age in updates; successive
                                    # sampling without replacement, jaxreplay.data.buffer)
   c.buffer.fresh_tau = 4.0         # priority "fresh": the age decay tau [updates]
+  c.buffer.fresh_base = "uniform"  # priority "fresh": base priority p_base, uniform (1) | reward
+                                   # (|reward| + fresh_eps) | advantage (|advantage| + fresh_eps);
+                                   # priority (p_base exp(-age / fresh_tau)) ** fresh_alpha.
+                                   # FreshPER (arXiv 2604.16918): reward, alpha 0.6, tau 500
+  c.buffer.fresh_alpha = 1.0       # priority "fresh": the exponent alpha (PER's; FreshPER 0.6)
+  c.buffer.fresh_eps = 1e-6        # priority "fresh": added to |reward| / |advantage| (> 0)
   c.buffer.max_uses = 0            # a rollout leaves the buffer after this many uses; 0 = no cap
   c.buffer.replace_zero_variance = False  # True: rollouts of groups whose rewards are all equal
                                    # are drawn only when the other groups hold fewer than B

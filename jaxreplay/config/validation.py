@@ -261,6 +261,14 @@ def buffer_errors(b, r, log=None) -> list[str]:
     errors.append(f"buffer.priority={b.priority!r}: expected one of {tuple(samplers.SAMPLERS)}")
   if not b.fresh_tau > 0:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
+  else:
+    options = samplers.sampler_options(b)
+    try:
+      samplers.check_options(options["priority"], options["fresh_tau"], 0, False, False,
+                             options["fresh_base"], options["fresh_alpha"], options["fresh_eps"])
+    except ValueError as e:
+      if b.priority in samplers.SAMPLERS:
+        errors.append(f"buffer.{e}")
   if b.max_uses < 0:
     errors.append(f"buffer.max_uses={b.max_uses} must be >= 0 (0 = no cap)")
   if b.on_policy and (b.priority != "uniform" or b.max_uses or b.replace_zero_variance):
