@@ -125,7 +125,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
   c.buffer.reuse_control = "off"   # data.reuse: off (the replay ratio the hardware split gives) |
                                    # fixed (generation paced to reuse_target uses per rollout) |
-                                   # adaptive (reuse set online from the regime diagnostics)
+                                   # adaptive (reuse set online from the regime diagnostics) |
+                                   # gradient_gate (Dynamic Gradient Gating, arXiv 2605.19425,
+                                   # data.batch_reuse: each fresh batch of the on-policy queue is
+                                   # reused while the LM head's gradient shows no surge)
+  c.buffer.gate_max_reuse = 4      # gradient_gate: updates per fresh batch at most (the paper's K)
+  c.buffer.gate_threshold = 0.5    # gradient_gate: the Z-score of the LM head's gradient-energy
+                                   # increment above which an update is intercepted and the batch
+                                   # ends (the paper's tau, 0.1-0.5)
+  c.buffer.gate_window = 10        # gradient_gate: increments in the Z-score's sliding window
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
   c.buffer.reuse_min = 1.0         # adaptive: the range of the uses per rollout
   c.buffer.reuse_max = 4.0
@@ -187,6 +195,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.b2 = 0.999
   c.trainer.max_grad_norm = 1.0
   c.trainer.num_microbatches = 1
+  c.trainer.ppo_epochs = 1         # epochs over each fresh batch of the on-policy queue (k;
+                                   # data.batch_reuse: the classical multi-epoch baseline); 1 = one
+                                   # update per batch
+  c.trainer.ppo_minibatches = 1    # minibatches per epoch (m): k * m updates of B / m rollouts each
   c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
                                      # nonfinite_skipped); this many in a row stop the run
   c.trainer.nonfinite_check = "grads"  # what decides a skip: grads (loss and gradient norm, before
@@ -280,7 +292,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
   c.log.diagnostics_every = 10     # steps between regime diagnostics (run.regime: gradient noise
                                    # scale, update KL, behaviour KL, ratio quantiles, IS ESS); one
-                                   # extra forward + backward each, not counted as compute; 0 = off
+                                   # extra forward + backward each (+ the probe); 0 = off
+  c.log.charge_diagnostics = "auto"  # their passes in compute_seconds: auto (charged when the
+                                   # design reads them: buffer.reuse_control adaptive; measurement
+                                   # only otherwise) | on | off (run.regime)
   c.log.diagnostics_splits = 4     # micro-batches of the noise-scale estimate (>= 2; fewer if the
                                    # batch does not divide)
   c.log.diagnostics_probe = 8      # rollouts of the fixed probe of diag/update_kl (0 = none);
