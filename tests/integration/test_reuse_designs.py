@@ -3,6 +3,8 @@ ppo_minibatches) and its compute on the simulated clock, Dynamic Gradient Gating
 (buffer.reuse_control="gradient_gate"), and the regime diagnostics charged to the design that reads
 them (log.charge_diagnostics)."""
 import math
+import os
+import shutil
 
 import pytest
 
@@ -10,12 +12,28 @@ from tests.helpers import tiny_runs
 
 pytestmark = pytest.mark.slow  # whole runs
 
-ON_POLICY = ("--config.buffer.on_policy=True",)
+ON_POLICY = ("--config.buffer.on_policy=True", "--config.checkpoint.keep=5")
 B, TRAIN_SECONDS = 32, 1.0  # tiny_runs.SHORT's batch; defaults.py's scheduler.train_seconds_per_step
 
 
 def train_rows(workdir):
   return [r for r in tiny_runs.read_rows(workdir) if r["step"] > 0]
+
+
+def resume_from(workdir, step, tmp_path, *args):
+  """A copy of the finished run `workdir` cut back to its checkpoint `step` (the later ones
+  deleted), rerun with the same command: it resumes there and must end with the same rows."""
+  copy = str(tmp_path / f"resumed_from_{step}")
+  shutil.copytree(workdir, copy)
+  ckpts = os.path.join(copy, "checkpoints")
+  assert str(step) in os.listdir(ckpts)
+  for name in os.listdir(ckpts):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(ckpts, name))
+  out = tiny_runs.run_launch(copy, *args)
+  assert f"resumed at step {step}" in out.stderr
+  want = [tiny_runs.comparable(r) for r in tiny_runs.read_rows(workdir)]
+  assert [tiny_runs.comparable(r) for r in tiny_runs.read_rows(copy)] == want
 
 
 def test_ppo_epochs_updates_minibatches_and_compute(tmp_path):
@@ -24,8 +42,8 @@ def test_ppo_epochs_updates_minibatches_and_compute(tmp_path):
   6 updates training is 6 * 1.0 / 2 = 3.0 device-seconds; gamma is the measured compute per update
   over (1 + mu) train steps."""
   workdir = str(tmp_path / "ppo")
-  tiny_runs.run_launch(workdir, *ON_POLICY, "--config.trainer.ppo_epochs=2",
-                       "--config.trainer.ppo_minibatches=2")
+  args = ON_POLICY + ("--config.trainer.ppo_epochs=2", "--config.trainer.ppo_minibatches=2")
+  tiny_runs.run_launch(workdir, *args)
   rows = train_rows(workdir)
   assert [r["batch_reuse/index"] for r in rows] == [1, 2, 3, 4, 1, 2]
   assert [r["batch_reuse/epoch"] for r in rows] == [0, 0, 1, 1, 0, 0]
@@ -38,6 +56,7 @@ def test_ppo_epochs_updates_minibatches_and_compute(tmp_path):
     assert r["sim/gamma"] == pytest.approx(want)
   # the on-policy queue gave one fresh batch per 4 updates: 2 batches of B
   assert rows[-1]["buffer/consumed"] == 2 * B
+  resume_from(workdir, 2, tmp_path, *args)  # mid-batch: the held batch and its epoch order resume
 
 
 def test_gradient_gate_run(tmp_path):
@@ -46,8 +65,9 @@ def test_gradient_gate_run(tmp_path):
   first) and applies nothing; with a window of 2 increments the gate is armed from the second
   batch on; every update is charged a full train step."""
   workdir = str(tmp_path / "gate")
-  tiny_runs.run_launch(workdir, *ON_POLICY, "--config.buffer.reuse_control=gradient_gate",
-                       "--config.buffer.gate_window=2", "--config.total_steps=10")
+  args = ON_POLICY + ("--config.buffer.reuse_control=gradient_gate",
+                      "--config.buffer.gate_window=2", "--config.total_steps=10")
+  tiny_runs.run_launch(workdir, *args)
   rows = train_rows(workdir)
   assert len(rows) == 10
   index = [r["batch_reuse/index"] for r in rows]
@@ -61,6 +81,7 @@ def test_gradient_gate_run(tmp_path):
       assert r["gate/lm_head_grad_energy"] > r["gate/bound"] and r["gate/zscore"] > 0.5
       assert r["batch_reuse/updates"] == r["batch_reuse/index"] - 1
   assert rows[-1]["sim/training_device_seconds"] == pytest.approx(10 * TRAIN_SECONDS)
+  resume_from(workdir, 6, tmp_path, *args)  # the gate's window and the held batch resume
 
 
 def test_charged_diagnostics_add_their_passes_to_compute(tmp_path):
