@@ -107,8 +107,9 @@ class Training:
     return rollouts
 
   def train_on(self, rollouts, now: float) -> StepResult:
-    """Collates `rollouts` (B of them) and takes one gradient step at virtual or wall time `now`
-    [s]; the new train state replaces `parts.learner.state`."""
+    """Collates `rollouts` (B of them; B / m for a minibatch of trainer.ppo_minibatches) and takes
+    one gradient step at virtual or wall time `now` [s] (with the gradient gate's bound when
+    buffer.reuse_control="gradient_gate"); the new train state replaces `parts.learner.state`."""
     c, data, tel, learner = self.config, self.parts.data, self.parts.telemetry, self.learner
     rollouts = list(rollouts)
     sample_s, self._sample_seconds = self._sample_seconds, 0.0
