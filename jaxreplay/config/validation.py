@@ -17,8 +17,8 @@ from jaxreplay.config import devices as devices_lib
 
 BACKENDS = ("jax", "vllm", "auto")
 SCHEDULES = ("simulated", "sync", "async")
-TASKS = ("arithmetic", "scratchpad", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
+TASKS = ("arithmetic", "scratchpad", "multiplication", "math")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a character tokenizer
 TRI_STATE = ("auto", "true", "false")
 
 
