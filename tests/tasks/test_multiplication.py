@@ -236,4 +236,4 @@ def test_warm_start_greedy_accuracy_in_documented_range(warm_start):
   task.close()
 
 
-WARM_START_GREEDY = (0.1, 0.4)  # held-out greedy exact match of assets/multiplication-sft
+WARM_START_GREEDY = (0.12, 0.32)  # held-out greedy exact match of assets/multiplication-sft
