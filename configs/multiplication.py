@@ -2,14 +2,15 @@
 
   python -m jaxreplay.launch --config=configs/multiplication.py --workdir=runs/multiplication
 
-A completion is a worked solution of 21-62 tokens with eos ("8*7+0=56,3*7+5=26,7*7+2=51,4*7+5=33;33166",
-`jaxreplay.tasks.multiplication`), rewarded 1 only when every column and the result are right. Unlike
-the scratchpad addition (`configs/scratchpad.py`), the length of a solution varies three-fold
-between problems and a problem's chance of being right falls with it, and the teacher's errors are
-64 times-table facts reused across a problem's columns. The shipped warm-start
-`assets/multiplication-sft` (rebuild: `python -m jaxreplay.sft --config=configs/multiplication.py
---out=assets/multiplication-sft`) is trained on demonstrations that misremember a share `sft.slip`
-of the 64 facts x * y (x, y in 2..9), each slipped to (x +- 1) * y with its own probability in
+A completion is a worked solution of 21-62 tokens with eos
+("8*7+0=56,3*7+5=26,7*7+2=51,4*7+5=33;33166", `jaxreplay.tasks.multiplication`), rewarded 1 only
+when every column and the result are right. Unlike the scratchpad addition (`configs/scratchpad.py`),
+the length of a solution varies three-fold between problems and a problem's chance of being right
+falls steeply with it, and the column facts (x, y, carry_in) RL must fix range from common (times 2:
+20 facts) to rare (times 9: 90 facts). The shipped warm-start `assets/multiplication-sft` (rebuild:
+`python -m jaxreplay.sft --config=configs/multiplication.py --out=assets/multiplication-sft`) is
+trained on demonstrations that misremember a share `sft.slip` of the 640 column facts (x, y in 2..9,
+carry_in in 0..9), each slipped to (x +- 1) * y + carry_in with its own probability in
 `sft.slip_range`.
 
 Everything else is `configs/scratchpad.py`'s: the asynchronous replay pipeline, simulated, at
@@ -48,7 +49,7 @@ def get_config():
   c.trainer.logprob_chunk = 64
   c.scheduler.kind = "simulated"
   c.scheduler.mu = 6.84
-  c.scheduler.reference_tokens = 46.0
+  c.scheduler.reference_tokens = 46.2
   c.eval.every = 100
   c.eval.num_problems = 512
   c.eval.n_samples = 16
@@ -58,6 +59,6 @@ def get_config():
   c.sft.steps = 1500
   c.sft.batch = 128
   c.sft.learning_rate = 3e-3
-  c.sft.slip = 0.5
+  c.sft.slip = 0.4
   c.sft.slip_range = (0.6, 0.95)
   return c

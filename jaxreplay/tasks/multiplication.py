@@ -12,23 +12,25 @@ one token each with the character tokenizer: with num_digits (2, 6), 21 to 62 to
 
 How it differs from `scratchpad` addition (the experiments' first task):
 - Difficulty follows length: a problem is one multiplier applied to n digits, so its chance of
-  being right falls geometrically with n, and n spans a range of 6 rather than 3 (2-4 digits):
-  short problems are nearly always right and long ones rarely, so at the start most groups of G
-  samples are all-right or all-wrong and the informative ones are a few problems of middle length.
-- Errors are shared within a problem: every column uses the same multiplier, so one misremembered
-  times-table fact (x, y) recurs in every column whose digit is x.
-- Few, reused facts: the noisy teacher misremembers entries of the 8 x 8 times table (x, y in 2..9),
-  64 facts rather than the 200 column facts of addition, each touching ~1/10 of a problem's columns.
+  being right falls geometrically with n, and n spans 2-6 digits rather than 2-4: short problems
+  are right far more often than long ones, and a policy's errors on a long problem compound.
+- Facts are seen at very different rates: a column fact is (x, y, carry_in), and the carries in
+  of a multiplier y run over 0..y-1, so each of the 20 facts of y = 2 turns up in about 1/20 of
+  its columns and each of the 90 of y = 9 in about 1/90 (addition's 200 facts are about equally
+  common): the facts RL must fix range from common to rare, and a problem's difficulty depends on
+  its multiplier as well as its length.
 
 The reward is 1.0 exactly when the completion is the worked solution (every column, the carries
 and the result right, nothing else), else 0.0: the intermediate steps are checked, a right result
 after a wrong or malformed column scores 0. The held-out split is `arithmetic.is_heldout` of the
 prompt (fixed by the task seed).
 
-The supervised warm-start (`sft_examples`) imitates a student with misremembered times-table
-facts: the teacher misremembers a share of the 64 facts (x, y), each with its own slip probability,
-and for it writes the neighbouring table entry (x +- 1) * y (+ carry) with that probability,
-carrying on consistently (the next carry and the result follow the written value).
+The supervised warm-start (`sft_examples`) imitates a student with misremembered facts: the
+teacher misremembers a share of the 640 column facts (x, y, carry_in) with x, y in 2..9 (times 0
+and 1 are never wrong) and carry_in in 0..9 (352 of them occur in right solutions, the others only
+after a slip), each with its own slip probability, and for it writes the neighbouring table entry
+(x +- 1) * y + carry_in with that probability, carrying on consistently (the next carry and the
+result follow the written value).
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ from jaxreplay.tasks import arithmetic
 
 SEP, RESULT = ",", ";"
 MULTIPLIERS = tuple(range(2, 10))  # the one-digit multipliers drawn
-TABLE = tuple(range(2, 10))        # digits whose products the teacher may misremember (x, y)
+TABLE = tuple(range(2, 10))        # digits x, y whose column facts the teacher may misremember
+CARRIES = tuple(range(10))         # carries in of those facts (0..y-1 in right solutions, up to 9
+                                   # after a slip)
 
 
 def column_values(a: int, y: int) -> list[tuple[int, int, int, int]]:
@@ -100,12 +104,13 @@ def _unit(*key) -> float:
 
 
 def misconceptions(share: float, slip_range: tuple[float, float], seed: int
-                   ) -> dict[tuple[int, int], tuple[float, int]]:
-  """The noisy teacher's misremembered facts: {(x, y): (slip probability, wrong product)}.
+                   ) -> dict[tuple[int, int, int], tuple[float, int]]:
+  """The noisy teacher's misremembered facts: {(x, y, carry_in): (slip probability, wrong value)}.
 
-  Each of the 64 facts x * y (x, y in 2..9) is misremembered with probability `share`; its slip
-  probability is uniform in `slip_range` and its wrong product is the neighbouring table entry
-  (x + 1) * y or (x - 1) * y, each with probability 1/2. Fixed by `seed`.
+  Each of the 640 column facts x * y + carry_in (x, y in `TABLE`, carry_in in `CARRIES`) is
+  misremembered with probability `share`; its slip probability is uniform in `slip_range` and its
+  wrong value is the neighbouring table entry (x + 1) * y + carry_in or (x - 1) * y + carry_in,
+  each with probability 1/2. Fixed by `seed`.
   """
   lo, hi = slip_range
   if not 0.0 <= share <= 1.0:
@@ -115,10 +120,11 @@ def misconceptions(share: float, slip_range: tuple[float, float], seed: int
   table = {}
   for x in TABLE:
     for y in TABLE:
-      if _unit(seed, "share", x, y) >= share:
-        continue
-      step = 1 if _unit(seed, "dir", x, y) < 0.5 else -1
-      table[(x, y)] = (lo + (hi - lo) * _unit(seed, "p", x, y), (x + step) * y)
+      for c in CARRIES:
+        if _unit(seed, "share", x, y, c) >= share:
+          continue
+        step = 1 if _unit(seed, "dir", x, y, c) < 0.5 else -1
+        table[(x, y, c)] = (lo + (hi - lo) * _unit(seed, "p", x, y, c), (x + step) * y + c)
   return table
 
 
@@ -183,10 +189,10 @@ class WrittenMultiplicationTask(arithmetic.ArithmeticTask):
     """`n` (prompt, worked solution) training pairs for a supervised warm-start (the caller
     appends eos), drawn from the training split.
 
-    slip: share of the 64 times-table facts the teacher misremembers (`misconceptions`, fixed by
-      the task seed); on a column whose fact is misremembered it writes the wrong product + carry
-      with that fact's slip probability (uniform in `slip_range`), and carries on from the written
-      value. With slip 0 the targets are the task's exact answers.
+    slip: share of the 640 column facts the teacher misremembers (`misconceptions`, fixed by the
+      task seed); on a column whose fact is misremembered it writes the wrong value with that
+      fact's slip probability (uniform in `slip_range`), and carries on from the written value.
+      With slip 0 the targets are the task's exact answers.
     """
     table = misconceptions(slip, tuple(slip_range), self.seed) if slip else {}
     rng = np.random.default_rng([self.seed if seed is None else seed, 0x5F7])
@@ -200,10 +206,10 @@ class WrittenMultiplicationTask(arithmetic.ArithmeticTask):
       a, y = (int(v) for v in p.prompt[:-1].split("*"))
 
       def write(x, c, y=y):
-        if (x, y) in table:
-          prob, wrong = table[(x, y)]
+        if (x, y, c) in table:
+          prob, wrong = table[(x, y, c)]
           if noise.random() < prob:
-            return wrong + c
+            return wrong
         return x * y + c
 
       yield p.prompt, render(_columns(a, y, write))

@@ -9,6 +9,7 @@ import pytest
 
 from jaxreplay import models
 from jaxreplay import tasks
+from jaxreplay.config import validation
 from jaxreplay.run import build
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.sft import noise_kwargs
@@ -24,6 +25,11 @@ UNK = SPECIAL_TOKENS.index("<unk>")
 def _config():
   from configs import multiplication  # pylint: disable=g-import-not-at-top
   return multiplication.get_config()
+
+
+def _large_batch_config():
+  from configs import multiplication_large_batch  # pylint: disable=g-import-not-at-top
+  return multiplication_large_batch.get_config()
 
 
 def _reference(a: int, y: int) -> str:
@@ -123,7 +129,7 @@ def test_heldout_and_training_problems_never_overlap():
   train = task.sample(np.random.default_rng(1), 5000)
   assert not {p.prompt for p in train} & {p.prompt for p in evalset}
   assert not any(task.is_heldout(p) for p in train)
-  sft_prompts = {q for q, _ in task.sft_examples(3000, slip=0.5)}
+  sft_prompts = {q for q, _ in task.sft_examples(3000, slip=0.4)}
   assert not sft_prompts & {p.prompt for p in evalset}
   assert mul.WrittenMultiplicationTask(num_digits=(2, 6), seed=0).eval_set(64) == evalset[:64]
   # The split is the arithmetic tasks' hash of (seed, prompt): another seed splits differently.
@@ -133,15 +139,16 @@ def test_heldout_and_training_problems_never_overlap():
 
 
 def test_misconceptions_follow_their_definition():
-  table = mul.misconceptions(0.5, (0.4, 0.95), seed=0)
-  assert 20 <= len(table) <= 44  # ~half of the 64 facts
-  for (x, y), (prob, wrong) in table.items():
-    assert x in mul.TABLE and y in mul.TABLE
-    assert 0.4 <= prob <= 0.95 and wrong in ((x - 1) * y, (x + 1) * y)
-  assert mul.misconceptions(0.5, (0.4, 0.95), seed=0) == table
-  assert mul.misconceptions(0.5, (0.4, 0.95), seed=1) != table
+  table = mul.misconceptions(0.4, (0.4, 0.95), seed=0)
+  assert 216 <= len(table) <= 296  # ~40% of the 640 facts (4 standard deviations)
+  for (x, y, c), (prob, wrong) in table.items():
+    assert x in mul.TABLE and y in mul.TABLE and c in mul.CARRIES
+    assert 0.4 <= prob <= 0.95 and wrong in ((x - 1) * y + c, (x + 1) * y + c)
+    assert 0 <= wrong <= 99
+  assert mul.misconceptions(0.4, (0.4, 0.95), seed=0) == table
+  assert mul.misconceptions(0.4, (0.4, 0.95), seed=1) != table
   assert not mul.misconceptions(0.0, (0.4, 0.95), seed=0)
-  assert len(mul.misconceptions(1.0, (0.4, 0.95), seed=0)) == 64
+  assert len(mul.misconceptions(1.0, (0.4, 0.95), seed=0)) == 640
   with pytest.raises(ValueError, match="slip="):
     mul.misconceptions(1.5, (0.4, 0.95), seed=0)
   with pytest.raises(ValueError, match="slip_range"):
@@ -153,8 +160,8 @@ def test_noisy_teacher_slips_at_its_facts_rates():
   clean = list(task.sft_examples(3000, seed=1))
   assert clean == list(task.sft_examples(3000, seed=1, slip=0.0))
   assert all(t == mul.worked_solution(*(int(x) for x in q[:-1].split("*"))) for q, t in clean)
-  table = mul.misconceptions(0.5, (0.4, 0.95), seed=task.seed)
-  noisy = list(task.sft_examples(3000, seed=1, slip=0.5))
+  table = mul.misconceptions(0.4, (0.4, 0.95), seed=task.seed)
+  noisy = list(task.sft_examples(3000, seed=1, slip=0.4))
   assert [q for q, _ in noisy] == [q for q, _ in clean]  # same prompts, only targets differ
   slips = {fact: [0, 0] for fact in table}  # fact -> [columns where it was used, slips]
   for (prompt, right), (_, target) in zip(clean, noisy):
@@ -164,22 +171,43 @@ def test_noisy_teacher_slips_at_its_facts_rates():
     carry = 0
     for x, y_, c, v in cols:
       assert y_ == y and c == carry  # carries follow the written values
-      if (x, y) in table:
-        slips[(x, y)][0] += 1
-        slips[(x, y)][1] += v != x * y + c
-        assert v in (x * y + c, table[(x, y)][1] + c)
+      if (x, y, c) in table:
+        slips[(x, y, c)][0] += 1
+        slips[(x, y, c)][1] += v != x * y + c
+        assert v in (x * y + c, table[(x, y, c)][1])
       else:
         assert v == x * y + c
       carry = v // 10
     assert target == mul.render(cols)  # the result is read off the written values
     assert (target == right) == all(v == x * y_ + c for x, y_, c, v in cols)
-  # Each fact slips at its own probability: binomial counts within 4 standard deviations.
-  for fact, (n, k) in slips.items():
+  # Each fact slips at its own probability: binomial counts within 4 standard deviations (facts
+  # seen >= 30 times), and all slips together at the use-weighted mean probability.
+  seen = {fact: nk for fact, nk in slips.items() if nk[0]}
+  assert len([1 for n, _ in seen.values() if n >= 30]) >= 30
+  for fact, (n, k) in seen.items():
     prob = table[fact][0]
-    assert n > 50, fact
-    assert abs(k - n * prob) < 4 * np.sqrt(n * prob * (1 - prob)) + 1, (fact, n, k, prob)
+    if n >= 30:
+      assert abs(k - n * prob) < 4 * np.sqrt(n * prob * (1 - prob)) + 1, (fact, n, k, prob)
+  uses = sum(n for n, _ in seen.values())
+  expected = sum(n * table[fact][0] for fact, (n, _) in seen.items())
+  total = sum(k for _, k in seen.values())
+  assert abs(total - expected) < 4 * np.sqrt(expected) + 1, (total, expected, uses)
   with pytest.raises(ValueError, match="slip"):
     next(task.sft_examples(1, slip=2.0))
+
+
+def test_configs_validate_and_build_the_task():
+  c, large = _config(), _large_batch_config()
+  for config in (c, large):
+    validation.validate_config(config)
+  assert large.task == c.task and large.model == c.model
+  assert large.buffer.size == 4 * large.buffer.batch_size
+  assert isinstance(tasks.make_task("multiplication", num_digits=(2, 3)),
+                    mul.WrittenMultiplicationTask)
+  bad = _config()
+  bad.task.num_digits = (0, 3)
+  with pytest.raises(ValueError, match="task.num_digits"):
+    validation.validate_config(bad)
 
 
 def test_config_builds_the_task_fits_the_context_and_takes_the_noise():
