@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxreplay import models  # noqa: E402
+from jaxreplay.models import hf_io  # noqa: E402
+from jaxreplay.models import presets  # noqa: E402
+from jaxreplay.models import transformer  # noqa: E402
 from jaxreplay.rollout.base import SamplingParams  # noqa: E402
 from jaxreplay.rollout.pool import PromptBatch, WorkerPool  # noqa: E402
 from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # noqa: E402
@@ -101,10 +103,10 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   num_requests = 8 if args.quick else 32
   ppr, g, max_tokens, max_num_seqs = 4, 16, 64, 256
-  cfg = models.presets.tiny()
+  cfg = presets.tiny()
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
-    models.save_hf(cfg, models.init_params(cfg, jax.random.key(0)), tmp)
+    hf_io.save_hf(cfg, transformer.init_params(cfg, jax.random.key(0)), tmp)
     worker = VllmWorkerProcess(tmp, max_model_len=128, max_num_seqs=max_num_seqs, seed=0,
                                eos_token_ids=())
     try:

@@ -1,7 +1,7 @@
 """Train-step tokens/s of jaxreplay vs the PyTorch + transformers GRPO step, and the fraction of peak.
 
-Per shape, random Qwen3 weights are written once to an HF dir (`jaxreplay.models.save_hf`) and
-loaded by both jaxreplay (`models.load_hf`) and `transformers.Qwen3ForCausalLM` (`torch_peer.py`);
+Per shape, random Qwen3 weights are written once to an HF dir (`jaxreplay.models.hf_io.save_hf`) and
+loaded by both jaxreplay (`hf_io.load_hf`) and `transformers.Qwen3ForCausalLM` (`torch_peer.py`);
 both take the same batch (full-length rows: a prompt, then completion tokens) and run one GRPO
 update per step: clipped-ratio loss with jaxreplay's default aggregation (token_mean), backward,
 global-norm clipping at 1.0, AdamW (lr 1e-5, b1 0.9, b2 0.999, eps 1e-8, no weight decay). jaxreplay's
@@ -46,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxreplay.learner import batch as batch_lib  # noqa: E402
-from jaxreplay.config import defaults as config_defaults  # noqa: E402
+from jaxreplay.config import defaults  # noqa: E402
 from jaxreplay.learner import optim  # noqa: E402
 from jaxreplay.infra import sharding  # noqa: E402
 from jaxreplay.learner import trainer  # noqa: E402
@@ -75,7 +75,7 @@ def step_options(tcfg) -> dict:
 
 def shapes() -> dict:
   """name -> (ModelConfig, batch, seq_len, prompt_len, trainer config section)."""
-  base = config_defaults.base_config().trainer
+  base = defaults.base_config().trainer
   tiny_cfg = _tiny_config()
   return {
       "small": (presets.tiny(num_hidden_layers=4), 64, 64, 16, base),

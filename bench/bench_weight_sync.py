@@ -6,14 +6,14 @@ from a config-only directory (placeholder weights) and takes `--repeats` refresh
   shm    (rollout.weight_transport="shm", what a CPU run does): `ShmPublisher(kernel_layout="jax")`
          copies the params straight into a /dev/shm segment on the trainer's thread (`stall_s`, of
          which `write_s` is the segment copy), then the engine re-packs each linear layer straight
-         from the segment (`rollout.vllm_direct_load`; `engine_s`, of which `load_s` is the load,
+         from the segment (`rollout.vllm.direct_load`; `engine_s`, of which `load_s` is the load,
          `repack_s` vLLM's CPU re-packing of the linear layers and LM head);
-  shm-hf (the path GPU engines take, and CPU runs before `vllm_direct_load`): the host copy
+  shm-hf (the path GPU engines take, and CPU runs before `rollout.vllm.direct_load`): the host copy
          (`stall_s`), the HF-layout segment written on a background thread (`write_s`), the
          engine's load through vLLM's weight-transfer API with its generic layerwise reload
          (`load_s` = model.load_weights with the per-layer processing, `repack_s` inside it,
          `finalize_s`);
-  file   (the fallback): `WeightPublisher.publish` (safetensors dir) + vLLM `reload_weights`.
+  file   (the fallback): `FilePublisher.publish` (safetensors dir) + vLLM `reload_weights`.
 
 `total_s` = publish + wait until written + engine load (the refresh's latency when nothing
 overlaps). The floor is
@@ -61,14 +61,17 @@ import bench_io  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxreplay import models  # noqa: E402
+from jaxreplay.models import logprobs as logprobs_lib  # noqa: E402
+from jaxreplay.models import presets  # noqa: E402
+from jaxreplay.models import transformer  # noqa: E402
+from jaxreplay.models.config import ModelConfig  # noqa: E402
 from jaxreplay.models import hf_io  # noqa: E402
 from jaxreplay.models import lora  # noqa: E402
 from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher  # noqa: E402
-from jaxreplay.rollout.base import SamplingParams, Weights  # noqa: E402
+from jaxreplay.rollout.base import SamplingParams  # noqa: E402
 from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # noqa: E402
 from jaxreplay.rollout.vllm.engine import VllmEngine  # noqa: E402
-from jaxreplay.rollout.weights.file_publisher import WeightPublisher  # noqa: E402
+from jaxreplay.rollout.weights.file_publisher import FilePublisher  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results")
@@ -77,13 +80,13 @@ RESULTS = os.path.join(REPO, "bench", "results")
 def configs(quick: bool):
   """tiny, ~64M and Qwen3-0.6B-sized (vLLM's CPU attention needs head_dim >= 32)."""
   out = {
-      "tiny": models.presets.tiny(),
-      "qwen3_64m": models.ModelConfig(
+      "tiny": presets.tiny(),
+      "qwen3_64m": ModelConfig(
           model_type="qwen3", vocab_size=32768, hidden_size=512, intermediate_size=2048,
           num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
           rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True, qk_norm=True,
           max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0),
-      "qwen3_0.6b": models.presets.qwen3_0_6b(max_position_embeddings=512),
+      "qwen3_0.6b": presets.qwen3_0_6b(max_position_embeddings=512),
   }
   if quick:
     out.pop("qwen3_0.6b")
@@ -114,7 +117,7 @@ def logprob_gap(cfg, params, engine) -> float:
   for g in groups:
     for c in g.completions:
       toks = np.concatenate([g.prompt_tokens, c.tokens])
-      ref = np.asarray(models.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
+      ref = np.asarray(logprobs_lib.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
       gap = max(gap, float(np.abs(ref[len(g.prompt_tokens) - 1:] - c.logprobs).max()))
   return gap
 
@@ -128,7 +131,7 @@ def _publisher(cfg, transport: str):
   if transport == "shm-hf":
     return ShmPublisher(cfg, "float32", keep=2, kernel_layout="hf")
   if transport == "file":
-    return WeightPublisher(keep=1)
+    return FilePublisher(cfg, keep=1)
   raise ValueError(f"transport {transport!r}: expected shm, shm-hf or file")
 
 
@@ -139,7 +142,7 @@ def _best(rows, key):
 def bench_config(name, cfg, repeats: int, transports) -> dict:
   # Two versions sharing the big tensors (the second has other norms: other log-probs): every
   # refresh still moves every byte, and host memory holds one model.
-  first = models.init_params(cfg, jax.random.key(0))
+  first = transformer.init_params(cfg, jax.random.key(0))
   second = dict(first, norm=first["norm"] * 0.5,
                 layers=dict(first["layers"], input_layernorm=first["layers"]["input_layernorm"] * 1.5))
   params = [first, second]
@@ -184,12 +187,12 @@ def bench_config(name, cfg, repeats: int, transports) -> dict:
                          "direct": phases["direct"], "total_s": total})
           else:
             t0 = time.perf_counter()
-            hf_dir = publisher.publish(cfg, p, version)
+            weights = publisher.publish(p, version)
             rec = publisher.latest
-            engine.load_weights(Weights(version, hf_dir=hf_dir))
+            engine.load_weights(weights)
             total = time.perf_counter() - t0
-            rows.append({"stall_s": rec.seconds, "write_s": rec.write_seconds,
-                         "d2h_s": rec.transfer_seconds, "engine_s": engine.last_update_seconds,
+            rows.append({"stall_s": rec.stall_s, "write_s": rec.write_s,
+                         "d2h_s": rec.stall_s - rec.write_s, "engine_s": engine.last_update_seconds,
                          "total_s": total})
           floor.measure()
           if k < warmup:
@@ -216,7 +219,7 @@ def bench_adapters(name, cfg, rank: int, repeats: int) -> dict:
   """LoRA's adapter-only refresh of a vLLM engine (see the module docstring), best of `repeats`
   after a few unmeasured ones."""
   spec = lora.LoraSpec(rank, 2.0 * rank)
-  base = models.init_params(cfg, jax.random.key(0))
+  base = transformer.init_params(cfg, jax.random.key(0))
   versions = []
   for seed in (1, 2):  # two adapter versions with b != 0: other log-probs each
     adapters = lora.init_adapters(cfg, spec, jax.random.key(seed))
@@ -230,7 +233,7 @@ def bench_adapters(name, cfg, rank: int, repeats: int) -> dict:
             "dtype": "float32", "repeats": repeats}
   start = time.perf_counter()
   try:
-    models.save_hf(cfg, jax.device_get(base), os.path.join(base_dir, "base"))
+    hf_io.save_hf(cfg, jax.device_get(base), os.path.join(base_dir, "base"))
     engine = VllmEngine(os.path.join(base_dir, "base"), max_lora_rank=lora.vllm_max_lora_rank(rank),
                         max_model_len=256, max_num_seqs=32, seed=0, policy_version=-1)
     result["engine_startup_s"] = time.perf_counter() - start

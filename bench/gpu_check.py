@@ -65,10 +65,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxreplay.run import build  # noqa: E402
-from jaxreplay.config import defaults as config_defaults  # noqa: E402
-from jaxreplay import models  # noqa: E402
+from jaxreplay.config import defaults  # noqa: E402
+from jaxreplay.models import hf_io  # noqa: E402
+from jaxreplay.models import presets  # noqa: E402
+from jaxreplay.models import transformer  # noqa: E402
 from jaxreplay.run import pipeline  # noqa: E402
-from jaxreplay import tasks  # noqa: E402
+from jaxreplay.tasks import tokenizer  # noqa: E402
 
 
 def matmul_peak_tflops(n: int, dtype=jnp.bfloat16, repeats: int = 10) -> float:
@@ -88,7 +90,7 @@ def matmul_peak_tflops(n: int, dtype=jnp.bfloat16, repeats: int = 10) -> float:
 
 def make_config(args, hf_dir: str):
   """The run's config: arithmetic prompts, vLLM worker, async schedule, replay buffer."""
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.seed = 0
   c.total_steps = args.steps
   c.model.path = hf_dir
@@ -129,21 +131,21 @@ def make_config(args, hf_dir: str):
 
 def write_model(args, root: str) -> str:
   """Random weights (Qwen3-0.6B shapes, or tiny for --cpu_smoke) + a character tokenizer -> HF dir."""
-  c = config_defaults.base_config()
+  c = defaults.base_config()
   c.task.name, c.task.num_digits = "arithmetic", (1, 3)
   task = build.make_task(c.task)
   tok_dir = os.path.join(root, "tokenizer")
-  tasks.build_char_tokenizer(task.charset, tok_dir)
+  tokenizer.build_char_tokenizer(task.charset, tok_dir)
   task.close()
-  codec = tasks.load_tokenizer(tok_dir)
+  codec = tokenizer.load_tokenizer(tok_dir)
   ids = dict(bos_token_id=codec.bos_id, eos_token_id=codec.eos_id, pad_token_id=codec.pad_id)
   if args.cpu_smoke:
-    cfg = models.presets.tiny(vocab_size=codec.vocab_size, **ids)
+    cfg = presets.tiny(vocab_size=codec.vocab_size, **ids)
   else:  # the published shapes, vocab 151936 included (a char tokenizer uses its first ids)
-    cfg = models.presets.qwen3_0_6b(**ids)
-  params = models.init_params(cfg, jax.random.key(0))
+    cfg = presets.qwen3_0_6b(**ids)
+  params = transformer.init_params(cfg, jax.random.key(0))
   hf_dir = os.path.join(root, "model")
-  models.save_hf(cfg, params, hf_dir, tokenizer_dir=tok_dir)
+  hf_io.save_hf(cfg, params, hf_dir, tokenizer_dir=tok_dir)
   del params
   return hf_dir
 

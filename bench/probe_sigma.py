@@ -3,8 +3,9 @@ r"""Gradient noise against staleness: a dedicated, deterministic probe of Theore
   python bench/probe_sigma.py --config=configs/tiny.py --out=bench/results [--quick]
   (any config file; `--config.KEY=VALUE` overrides as for `jaxreplay.launch`)
 
-The method (training, probe, estimates, fit and design) is described in `jaxreplay/noise_probe.py`
-(the run) and `jaxreplay/noise_stats.py` (the statistics); this script is their command line.
+The method (training, probe, estimates, fit and design) is described in
+`jaxreplay/science/noise_probe.py` (the run) and `jaxreplay/science/noise_stats.py` (the statistics);
+this script is their command line.
 
 Prints a table and writes DIR/probe_sigma.json and DIR/probe_sigma.png. Runs on one device (the
 first of `jax.devices()`) whatever the config's mesh, so results do not depend on the emulated

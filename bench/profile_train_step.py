@@ -32,7 +32,8 @@ import jax  # noqa: E402
 from jax.profiler import ProfileData  # noqa: E402
 
 import bench_train_step as bts  # noqa: E402
-from jaxreplay import models  # noqa: E402
+from jaxreplay.models import hf_io  # noqa: E402
+from jaxreplay.models import transformer  # noqa: E402
 
 _SKIP = ("ThunkExecutor", "ThreadpoolListener", "SlinkyThreadPool")
 
@@ -57,7 +58,7 @@ def _dot_flops(root: str, hlo: str, fusion_num: str) -> float:
 def profile_shape(name: str, steps: int, top: int) -> dict:
   cfg, batch_size, seq_len, prompt_len, tcfg = bts.shapes()[name]
   hf_dir = tempfile.mkdtemp(prefix="profile-hf-")
-  models.save_hf(cfg, models.init_params(cfg, jax.random.PRNGKey(0)), hf_dir)
+  hf_io.save_hf(cfg, transformer.init_params(cfg, jax.random.PRNGKey(0)), hf_dir)
   step = bts.JaxStep(cfg, hf_dir, bts.synthetic_batch(cfg, batch_size, seq_len, prompt_len), tcfg)
   for _ in range(3):
     step.step()

@@ -5,10 +5,10 @@ positive-bias buffer, at 3x the base rate.
 
 `configs/scratchpad_large_batch.py` (B = 512 rollouts per step, at or above the task's gradient noise
 scale at the start of training; N = 2048) with the design that won the decisive sweep
-(`python -m jaxreplay.experiments --sweep=pareto --seeds=4 --out=experiments`, `experiments/results.json`
--> `sweeps.pareto.summary.families`, EXPERIMENTS.md "Issue 26"): half of the buffer holds rollouts of
+(`python -m jaxreplay.experiments --sweep=pareto_i26 --seeds=4 --out=experiments`, `experiments/results.json`
+-> `sweeps.pareto_i26.summary.families`, EXPERIMENTS.md "Issue 26"): half of the buffer holds rollouts of
 positive reward (`buffer.positive_fraction = 0.5`) and the replay ratio is set online from the
-measured B / noise scale (`buffer.reuse_control = "adaptive"`, `jaxreplay/run/reuse.py`) at learning
+measured B / noise scale (`buffer.reuse_control = "adaptive"`, `jaxreplay/data/reuse.py`) at learning
 rate 1.5e-4. It ended +0.022 [+0.019, +0.025] pass@1 above the best on-policy rate at equal compute
 (4 seeds) and +0.006 [-0.000, +0.013] above fixed positive-bias replay, and reached the first
 accuracy target with 0.68x on-policy's compute. That config stays the sweeps' neutral base; use this

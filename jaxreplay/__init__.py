@@ -12,30 +12,9 @@ The package is layered (WORKSPACE.md draws the map):
   science/   sweeps, statistics, plots, reports, Theorem 4.5's design, the noise probe
 Entry points: `python -m jaxreplay.launch | sft | experiments | plot`.
 
-Submodules are imported on first use, so that `import jaxreplay` stays cheap and optional
-dependencies (vLLM, torch, Ray) load only when used. The module paths from before the layers
-(`jaxreplay.losses`, `jaxreplay.buffer`, ...) stay importable (`jaxreplay._imports`).
+Import modules by their path (`from jaxreplay.data import buffer`); the packages import nothing,
+so that `import jaxreplay` (or a layer) stays cheap and optional dependencies (vLLM, torch, Ray)
+load only when used.
 """
-import importlib
-
-from jaxreplay import _imports
 
 __version__ = "0.1.0"
-
-_imports.install()
-
-_SUBPACKAGES = ("config", "models", "tasks", "learner", "data", "rollout", "run", "infra",
-                "science")
-
-
-def __getattr__(name):
-  if name in _SUBPACKAGES:
-    return importlib.import_module(f"jaxreplay.{name}")
-  module = _imports.old_attribute(name)
-  if module is not None:
-    return module
-  raise AttributeError(f"module 'jaxreplay' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(list(globals()) + list(_SUBPACKAGES))

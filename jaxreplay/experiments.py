@@ -5,7 +5,6 @@
 """
 import sys
 
-from jaxreplay.science.runner import *  # noqa: F401,F403  (the old module's names)
 from jaxreplay.science.runner import main
 
 if __name__ == "__main__":

@@ -58,13 +58,13 @@ def main(argv):
     logging.info("GPUs: trainer %s, rollout workers %s", ",".join(split.trainer),
                  ",".join(split.workers) or "none")
   if _DRY_RUN.value:
-    from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
     from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
+    from jaxreplay.config import resolve  # pylint: disable=g-import-not-at-top
     from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
-    build.resolve_backend(_CONFIG.value)
     validation.validate_config(_CONFIG.value)
+    config = resolve.resolve(_CONFIG.value)
     try:
-      memory_plan.dry_run(_CONFIG.value, os.path.abspath(os.path.expanduser(_WORKDIR.value)), split)
+      memory_plan.dry_run(config, os.path.abspath(os.path.expanduser(_WORKDIR.value)), split)
     except memory_plan.DoesNotFit as e:
       logging.error("DoesNotFit: %s", e)
       logging.flush()

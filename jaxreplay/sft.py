@@ -33,7 +33,9 @@ import optax
 
 from jaxreplay.run import build
 from jaxreplay.data import collate as collate_lib
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import transformer
 from jaxreplay.learner import optim
 from jaxreplay.learner.batch import Batch
 from jaxreplay.learner.batch import Rollout
@@ -74,8 +76,8 @@ def encode_examples(codec, pairs, seq_len: int) -> Batch:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _greedy_hits(model_cfg, params, batch: Batch):
-  logits = models.apply(model_cfg, params, batch.tokens, positions=batch.positions,
-                        segment_ids=batch.segment_ids)
+  logits = transformer.apply(model_cfg, params, batch.tokens, positions=batch.positions,
+                             segment_ids=batch.segment_ids)
   return jnp.all((jnp.argmax(logits, -1) == batch.targets) | (batch.completion_mask == 0), axis=1)
 
 
@@ -108,15 +110,15 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
   Adam with global-norm clipping at 1 (`optim.make_optimizer`), learning rate warmed up from 0 over
   20 steps, then cosine to 10% at `steps`. `carry_drop` and `noise` (more keyword arguments) go to
   `task.sft_examples` when nonzero."""
-  params = models.init_params(model_cfg, jax.random.PRNGKey(seed))
+  params = transformer.init_params(model_cfg, jax.random.PRNGKey(seed))
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, WARMUP_STEPS, steps, lr * 0.1)
   opt = optim.make_optimizer(schedule, weight_decay=WEIGHT_DECAY, max_grad_norm=1.0,
                              decay_mask=None)
   opt_state = opt.init(params)
 
   def loss_fn(p, b: Batch):
-    lp = models.token_logprobs(model_cfg, p, b.tokens, b.targets, positions=b.positions,
-                               segment_ids=b.segment_ids)
+    lp = logprobs_lib.token_logprobs(model_cfg, p, b.tokens, b.targets, positions=b.positions,
+                                     segment_ids=b.segment_ids)
     return -(lp * b.completion_mask).sum() / jnp.maximum(b.completion_mask.sum(), 1.0)
 
   @jax.jit
@@ -161,7 +163,7 @@ def main(argv):
     params, stats = train_sft(model_cfg, codec, task, s.steps, s.batch, s.learning_rate, s.seed,
                               config.model.max_len, noise=noise)
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    models.save_hf(model_cfg, params, _OUT.value, tokenizer_dir=tok_dir)
+    hf_io.save_hf(model_cfg, params, _OUT.value, tokenizer_dir=tok_dir)
   task.close()
   logging.info("wrote %s: %s", _OUT.value, stats)
   print(stats)

@@ -3,7 +3,7 @@
 #   launch/single_host.sh CONFIG WORKDIR TRAINER_GPUS [overrides...]
 # e.g. launch/single_host.sh configs/qwen2_5_7b.py runs/q25 0,1,2 --config.model.path=/models/Qwen2.5-7B
 # The split is the config's `devices` section, exactly as `python -m jaxreplay.launch` applies it
-# (jaxreplay/devices.py): the trainer process sees only TRAINER_GPUS, and each of the W vLLM workers
+# (jaxreplay/config/devices.py): the trainer process sees only TRAINER_GPUS, and each of the W vLLM workers
 # it spawns gets rollout.vllm_tensor_parallel_size of the GPUs left. Add --dry_run to print the
 # per-device memory plan and the split without loading anything. With tensor-parallel engines
 # (--config.rollout.vllm_tensor_parallel_size=K) also pass --config.rollout.num_workers=(other GPUs)/K:

@@ -1,8 +1,6 @@
-"""Shared test set-up: 8 emulated CPU devices, and optional-dependency handling.
-
-Under CI=true a missing optional dependency (torch, transformers, vllm) is a failure, never a skip.
-"""
-import importlib
+"""Shared test set-up: 8 emulated CPU devices, the session's JAX compilation cache, and the
+session's shared fixtures. Helpers the tests import live in `tests/helpers/` (`deps.require`:
+optional dependencies, a failure under CI=true)."""
 import os
 import shutil
 import tempfile
@@ -11,7 +9,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent JAX compilation cache for the session's processes (the pytest workers and the runs
 # they launch), every program in it however fast it compiled: the tests build the same tiny models
-# and steps again and again (measured on tests/learner/test_lora_trainer.py + tests/run/test_regime.py,
+# and steps again and again (measured on tests/learner/test_adapters.py + tests/run/test_regime.py,
 # cold cache: 177 -> 124 CPU-seconds). Entries are keyed by the program, the devices and the jax
 # version, so a stale one is never used; tests that need their own cache set it themselves.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get(
@@ -21,22 +19,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 import pytest  # noqa: E402
 
 
-def require(module_name: str):
-  """Imports `module_name`; fails under CI=true when it is missing, skips otherwise."""
-  try:
-    return importlib.import_module(module_name)
-  except ImportError as e:
-    if os.environ.get("CI", "").lower() == "true":
-      pytest.fail(f"optional dependency {module_name!r} is missing under CI=true: {e}")
-    pytest.skip(f"{module_name} not installed: {e}")
-
-
 @pytest.fixture(scope="session")
 def tiny_reference_run(tmp_path_factory):
   """The workdir of one finished `tiny_runs.SHORT` run, made once per test session and shared by
   the xdist workers (a file lock). Read it, never write it: copy it first to damage or extend it."""
   import fcntl  # pylint: disable=g-import-not-at-top
-  import tiny_runs  # pylint: disable=g-import-not-at-top
+  from tests.helpers import tiny_runs  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
     root = root.parent  # shared by the workers of this session

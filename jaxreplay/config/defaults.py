@@ -125,7 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
   c.buffer.on_policy = False       # True: a queue, each rollout used once (the paper's baseline)
   c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
-  c.buffer.reuse_control = "off"   # run.reuse: off (the replay ratio the hardware split gives) |
+  c.buffer.reuse_control = "off"   # data.reuse: off (the replay ratio the hardware split gives) |
                                    # fixed (generation paced to reuse_target uses per rollout) |
                                    # adaptive (reuse set online from the regime diagnostics)
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
@@ -152,13 +152,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.eps_high = 0.2
   c.trainer.tau = -0.1             # AsymRE baseline shift
   c.trainer.adv_eps = 1e-6
+  c.trainer.adv_std_ddof = 0       # GRPO advantages' std: 0 = population std (default); 1 = sample
+                                   # std, as TRL and verl (advantages x sqrt(G/(G-1)): x1.069 at G=8)
+  c.trainer.dual_clip = 0.0        # GRPO dual clip c > 1 [ratio]: for A < 0 the clipped objective is
+                                   # bounded below by c * A (verl's dual-clip PPO, c = 3); 0 = off
   c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
   c.trainer.kl_coef = 0.0
+  c.trainer.kl_clamp = 0.0         # K > 0 [nats/token]: clamp the k3 KL per token at K (and its
+                                   # log-ratio at +-20), as verl does with K = 10; 0 = off
   c.trainer.tis_cap = 0.0          # truncated IS, token weight min(pi_theta/pi_sampler, C): with
                                    # off_policy "none" it turns "tis" on; 0 = off, 2.0 is common
-                                   # (trainer.make_loss_fn)
+                                   # (corrections.truncated_is_weights, trainer.make_loss_fn)
   c.trainer.off_policy = "none"    # off-policy correction (jaxreplay.learner.corrections): none |
-                                   # tis | mis_token | mis_sequence | m2po | decoupled
+                                   # tis | mis_token (verl's token rejection sampling) |
+                                   # mis_sequence | m2po | decoupled
   c.trainer.off_policy_cap = 2.0   # c > 1 [ratio]: mis_* mask ratios outside [1/c, c], decoupled
                                    # filters behaviour weights > c, tis truncates at c (tis_cap 0)
   c.trainer.m2po_threshold = 0.04  # m2po: bound on the mean squared log-ratio of the kept tokens
@@ -216,6 +223,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.scheduler.reference_tokens = 0.0  # completion tokens of a reference rollout; 0 = the mean of
                                    # the run's first request
   c.scheduler.rollouts_per_step = 64  # sync: R, rollouts generated per gradient step
+  c.scheduler.generation_batch = 1  # simulated + jax sampler: K requests generated in one sampler
+                                   # call (the next K - 1 ahead, at the same weights; results kept
+                                   # while the weights version holds, each request's noise its own,
+                                   # so K changes speed only); 0 = auto (the fewest requests
+                                   # that fill whole rollout.sampler_batch_size batches); 1 = one
+                                   # request per call
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)

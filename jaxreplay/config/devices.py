@@ -34,6 +34,8 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from jaxreplay.rollout import backend_table
+
 
 @dataclasses.dataclass(frozen=True)
 class GpuSplit:
@@ -209,7 +211,8 @@ def split_gpus(config, gpus: Sequence[str]) -> GpuSplit:
   c = config
   gpus = tuple(str(g) for g in gpus)
   t = int(c.trainer.num_devices)
-  tp = int(getattr(c.rollout, "vllm_tensor_parallel_size", 1) or 1)
+  backend = backend_table.record(backend_table.resolve(c.rollout.backend))
+  per_worker = int(backend.gpus_per_worker(c.rollout))  # 0: the workers take no GPU of their own
   trainer = parse_ids(c.devices.trainer, "devices.trainer")
   workers = parse_ids(c.devices.workers, "devices.workers")
   if trainer and len(trainer) != t:
@@ -230,16 +233,16 @@ def split_gpus(config, gpus: Sequence[str]) -> GpuSplit:
   if shared:
     raise ValueError(f"GPUs {shared} are in both devices.trainer and devices.workers; give the "
                      "trainer and the vLLM engines separate GPUs (or set rollout.backend=jax)")
-  if c.rollout.backend == "vllm":
-    need = int(c.rollout.num_workers) * tp
+  if per_worker:
+    need = int(c.rollout.num_workers) * per_worker
     if len(workers) < need:
       raise ValueError(
-          f"rollout.num_workers={c.rollout.num_workers} vLLM engines x tensor-parallel {tp} need "
-          f"{need} worker GPUs but {len(workers)} are left ({','.join(workers) or 'none'}) after "
-          f"the trainer's {','.join(trainer)}; lower rollout.num_workers to "
-          f"{len(workers) // tp} or trainer.num_devices")
+          f"rollout.num_workers={c.rollout.num_workers} {backend.title} workers x {per_worker} GPUs "
+          f"need {need} worker GPUs but {len(workers)} are left ({','.join(workers) or 'none'}) "
+          f"after the trainer's {','.join(trainer)}; lower rollout.num_workers to "
+          f"{len(workers) // per_worker} or trainer.num_devices")
     workers = workers[:need]
-  return GpuSplit(trainer=trainer, workers=workers, per_worker=tp)
+  return GpuSplit(trainer=trainer, workers=workers, per_worker=max(per_worker, 1))
 
 
 def apply_to_environment(config, environ: Optional[dict] = None,

@@ -29,7 +29,6 @@ thread), the step is its model FLOPs at full rows (remat's recomputed forward in
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from typing import Any, Optional
@@ -38,13 +37,15 @@ import jax
 import numpy as np
 
 from jaxreplay.config import devices as devices_lib
-from jaxreplay.run import evaluation
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+from jaxreplay.models.config import ModelConfig
 from jaxreplay.learner import adapters
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
 from jaxreplay.models import lora as lora_lib
+from jaxreplay.rollout import backend_table
 
 GIB = 1024 ** 3
 
@@ -60,12 +61,12 @@ class DoesNotFit(RuntimeError):
   """The plan's per-device total exceeds the device memory (the message names what to change)."""
 
 
-def model_config(c) -> models.ModelConfig:
+def model_config(c) -> ModelConfig:
   """The model of `c` without reading weights: model.path's config.json, else the preset."""
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat)
   if c.model.path:
-    return models.ModelConfig.from_hf_dir(c.model.path, **overrides)
-  return models.presets.PRESETS[c.model.preset](**overrides)
+    return ModelConfig.from_hf_dir(c.model.path, **overrides)
+  return presets.PRESETS[c.model.preset](**overrides)
 
 
 def planned_mesh(c, devices: Optional[list] = None):
@@ -99,7 +100,7 @@ def batch_rule_errors(c, mesh) -> list[str]:
           f"buffer.batch_size in {near_b}"]
 
 
-def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: int,
+def activation_bytes(cfg: ModelConfig, rows: int, seq_len: int, chunk: int,
                      flash_attention: bool = False, dense_bias: bool = False) -> int:
   """Estimated peak activation bytes of one device's micro-batch (`rows` sequences of `seq_len`).
 
@@ -130,7 +131,7 @@ def activation_bytes(cfg: models.ModelConfig, rows: int, seq_len: int, chunk: in
   return int(body + logits + mask)
 
 
-def kv_cache_bytes(cfg: models.ModelConfig, rows: int, max_len: int) -> int:
+def kv_cache_bytes(cfg: ModelConfig, rows: int, max_len: int) -> int:
   """Bytes of a KV cache of `rows` sequences of `max_len` tokens (K and V, every layer)."""
   cb = np.dtype(cfg.compute_dtype).itemsize
   return int(2 * cfg.num_hidden_layers * rows * max_len * cfg.num_key_value_heads * cfg.head_dim * cb)
@@ -183,13 +184,12 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   dense_bias = flash and bool(t.get("pack", False))
   activations = activation_bytes(cfg, rows, c.model.max_len, t.logprob_chunk, flash, dense_bias)
   kv = 0
-  rollout_backend = c.rollout.backend
-  if rollout_backend == "auto":
-    rollout_backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
-  eval_backend = evaluation.resolve_eval_backend(c.eval.backend, rollout_backend)
+  rollout_backend = backend_table.resolve(c.rollout.backend)
+  backend = backend_table.record(rollout_backend)
+  eval_backend = backend_table.resolve_eval(c.eval.backend, rollout_backend)
   if c.eval.num_problems and eval_backend == "trainer":
     kv = kv_cache_bytes(cfg, c.eval.batch_size or c.rollout.sampler_batch_size, c.model.max_len)
-  if rollout_backend == "jax":  # rollouts are sampled on the trainer devices too
+  if backend.on_trainer_devices:  # rollouts are sampled on the trainer devices too
     kv = max(kv, kv_cache_bytes(cfg, c.rollout.sampler_batch_size, c.model.max_len))
   ref = sharding.shard_bytes(state.ref_params, shardings.ref_params) if state.ref_params else 0
   per_device = dict(params=params, opt_state=opt_state, grads=grads, activations=activations,
@@ -198,12 +198,12 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
     per_device["ref_params"] = ref
   if spec is not None:  # the frozen base, sharded and padded as full params would be
     storage = sharding.storage_shapes(
-        jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+        jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0))), mesh)
     per_device["base_params"] = sharding.shard_bytes(storage,
                                                      sharding.param_shardings(storage, mesh))
   per_device["total"] = sum(per_device.values())
   padded = sharding.padded_leaves(
-      jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0))), mesh)
+      jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0))), mesh)
   limit = device_memory_bytes(c)
   lora = None if spec is None else {
       "rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets), "dtype": spec.dtype,
@@ -230,17 +230,19 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   return out
 
 
-def time_plan(c, cfg: models.ModelConfig, rollout_backend: str) -> dict[str, Any]:
-  """The trainer's publish stall against its step (see the module docstring); JSON-ready."""
+def time_plan(c, cfg: ModelConfig, rollout_backend: str) -> dict[str, Any]:
+  """The trainer's publish stall against its step (see the module docstring); JSON-ready.
+  `rollout_backend`: resolved; workers off the trainer devices (its record) get a host copy."""
+  backend = backend_table.record(rollout_backend)
   t = c.trainer
   tokens = int(c.buffer.batch_size) * int(c.model.max_len)
   per_token = 3 * cfg.flops_per_token(int(c.model.max_len))  # forward + backward (2x forward)
   if cfg.remat:
     per_token += cfg.flops_per_token(int(c.model.max_len))  # the recomputed forward
   step_s = tokens * per_token / (int(t.num_devices) * PEAK_TFLOPS * 1e12 * ASSUMED_MFU)
-  if rollout_backend == "vllm":
-    vllm_dtype = c.rollout.get("vllm_dtype", "auto")
-    dtype = vllm_dtype if vllm_dtype != "auto" else (
+  if not backend.on_trainer_devices:  # a host copy in the workers' dtype
+    engine_dtype = c.rollout.get(backend.dtype_key, "auto") if backend.dtype_key else "auto"
+    dtype = engine_dtype if engine_dtype != "auto" else (
         "bfloat16" if c.model.dtype == "bfloat16" else "float32")
     nbytes = cfg.num_params() * np.dtype(jax.numpy.dtype(dtype)).itemsize
     how = (f"one device -> host copy of the model in {dtype} at {HOST_COPY_GBPS:g} GB/s on the "

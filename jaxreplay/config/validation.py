@@ -3,9 +3,13 @@
 `validate_config(c)` collects the errors of every section (`model_errors(c.model)`,
 `trainer_errors(c.trainer, c)`, ...) and raises one ValueError listing them all, each naming the key,
 its value and the fix. A new key's check goes in its section's function, next to the other checks of
-that section; the allowed values of a key live with the code that reads it (e.g.
-`data.buffer.CONSUME_ORDERS`) and are only referenced here. An algorithm's own options are checked by
-their dataclass (`learner.algorithms`), never re-typed here.
+that section; the allowed values of a key live with the code that reads it and are only read here,
+from its table: `rollout.backend_table.BACKENDS` (rollout.backend, placements, transports, dtypes,
+LoRA ranks), `data.samplers.SAMPLERS` / `QUEUES` (buffer.priority, buffer.on_policy_order),
+`learner.algorithms.ALGORITHMS` (trainer.loss), `learner.corrections.CORRECTIONS`
+(trainer.off_policy), `config.schedule_table.SCHEDULES` (scheduler.kind). An algorithm's own options
+are checked by their dataclass (`learner.algorithms`), never re-typed here. The config layer never
+imports the run layer: what it checks of run/ is in `config.schedule_table`.
 """
 from __future__ import annotations
 
@@ -14,12 +18,12 @@ import json
 import os
 
 from jaxreplay.config import devices as devices_lib
+from jaxreplay.config import schedule_table
+from jaxreplay.rollout import backend_table
 
-BACKENDS = ("jax", "vllm", "auto")
-SCHEDULES = ("simulated", "sync", "async")
 TASKS = ("arithmetic", "scratchpad", "multiplication", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a character tokenizer
-TRI_STATE = ("auto", "true", "false")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a
+                                                                   # character tokenizer
 
 
 def validate_config(c) -> None:
@@ -50,14 +54,14 @@ def run_errors(c) -> list[str]:
 def model_errors(m, r=None) -> list[str]:
   """model.*: the starting checkpoint, the chat template, LoRA (model.lora_*; `r`: the rollout
   section, whose workers must serve the adapters)."""
-  from jaxreplay import tasks  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import tokenizer  # pylint: disable=g-import-not-at-top
   errors = lora_errors(m, r)
   if m.path and not os.path.isdir(m.path):
     errors.append(f"model.path={m.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
   mode = m.chat_template
-  if not isinstance(mode, bool) and mode not in tasks.CHAT_TEMPLATE_MODES:
-    errors.append(f"model.chat_template={mode!r}: expected one of {tasks.CHAT_TEMPLATE_MODES}")
+  if not isinstance(mode, bool) and mode not in tokenizer.CHAT_TEMPLATE_MODES:
+    errors.append(f"model.chat_template={mode!r}: expected one of {tokenizer.CHAT_TEMPLATE_MODES}")
   try:
     chat_template_kwargs(m)
   except ValueError as e:
@@ -66,18 +70,24 @@ def model_errors(m, r=None) -> list[str]:
 
 
 def lora_errors(m, r=None) -> list[str]:
-  """model.lora_*: rank (0 = off), alpha, targets, dtype (`models.lora.spec_errors`); with vLLM
-  workers a rank vLLM serves; workers placed where the adapters reach them (local)."""
+  """model.lora_*: rank (0 = off), alpha, targets, dtype (`models.lora.spec_errors`); a rank the
+  rollout backend serves (its record's `lora_ranks`; under "auto" every backend it may pick);
+  workers placed where the adapters reach them (the records' LoRA workers: local)."""
   from jaxreplay.models import lora  # pylint: disable=g-import-not-at-top
   rank = m.get("lora_rank", 0)
   if rank == 0:
     return []
   errors = lora.spec_errors(rank, m.lora_alpha, tuple(m.lora_targets), m.lora_dtype)
   if r is not None and not errors:
-    if r.backend in ("vllm", "auto") and rank > lora.VLLM_RANKS[-1]:
-      errors.append(f"model.lora_rank={rank}: vLLM serves LoRA ranks up to {lora.VLLM_RANKS[-1]}; "
-                    "lower model.lora_rank or use rollout.backend='jax'")
-    if r.get("placement", "local") != "local":
+    unlimited = [n for n, b in backend_table.BACKENDS.items() if b.lora_ranks is None]
+    for b in backend_table.candidates(r.backend):
+      ranks = backend_table.load(b.lora_ranks) if b.lora_ranks is not None else None
+      if ranks and rank > ranks[-1]:
+        errors.append(f"model.lora_rank={rank}: {b.title} serves LoRA ranks up to {ranks[-1]}; "
+                      "lower model.lora_rank or use " +
+                      " or ".join(f"rollout.backend={n!r}" for n in unlimited))
+    placement = r.get("placement", "local")
+    if not any(b.serves_lora(placement) for b in backend_table.BACKENDS.values()):
       errors.append(f"model.lora_rank={rank} with rollout.placement={r.placement!r}: adapter "
                     "refreshes reach local workers only (the JAX sampler or vLLM engines of this "
                     "machine); set rollout.placement='local' or model.lora_rank=0")
@@ -142,8 +152,8 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
   """rollout.*: the backend, the request shape, the vLLM engines and the weight transport."""
   from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   errors = []
-  if r.backend not in BACKENDS:
-    errors.append(f"rollout.backend={r.backend!r}: expected one of {BACKENDS}")
+  if r.backend not in backend_table.names():
+    errors.append(f"rollout.backend={r.backend!r}: expected one of {backend_table.names()}")
   if r.max_tokens >= model_max_len:
     errors.append(f"rollout.max_tokens={r.max_tokens} leaves no room for a prompt in "
                   f"model.max_len={model_max_len}; raise model.max_len")
@@ -166,7 +176,7 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
                   f"or >= model.max_len={model_max_len} (prompts + completions of that length "
                   "reach the engine)")
   for key in ("vllm_enforce_eager", "vllm_engine_process"):
-    if str(r[key]).lower() not in TRI_STATE:
+    if str(r[key]).lower() not in backends.TRI_STATE:
       errors.append(f"rollout.{key}={r[key]!r}: expected 'auto', 'true' or 'false'")
   if r.keep_versions < 2:
     errors.append(f"rollout.keep_versions={r.keep_versions} must be >= 2 (a worker may still "
@@ -174,12 +184,13 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
   if r.vllm_startup_timeout_s < 0:
     errors.append(f"rollout.vllm_startup_timeout_s={r.vllm_startup_timeout_s} must be >= 0 "
                   "[s] (0 = auto: 300 on CPU, 600 + 300 per engine on GPU)")
-  if r.vllm_dtype not in backends.VLLM_DTYPES:
-    errors.append(f"rollout.vllm_dtype={r.vllm_dtype!r}: expected one of {backends.VLLM_DTYPES}")
-  if r.weight_transport not in backends.WEIGHT_TRANSPORTS:
+  for b in backend_table.BACKENDS.values():  # each backend's weight dtype key
+    if b.dtype_key and r.get(b.dtype_key, "auto") not in b.dtypes:
+      errors.append(f"rollout.{b.dtype_key}={r[b.dtype_key]!r}: expected one of {b.dtypes}")
+  transports = backend_table.weight_transports()
+  if r.weight_transport not in transports:
     errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
-                  f"{backends.WEIGHT_TRANSPORTS} (shm: shared memory, file: an HF directory per "
-                  "refresh)")
+                  f"{transports} (shm: shared memory, file: an HF directory per refresh)")
   return errors + ray_errors(r)
 
 
@@ -187,12 +198,12 @@ def ray_errors(r) -> list[str]:
   """rollout.placement and rollout.ray_*. `rollout.ray.group` (which imports Ray) is imported only
   when placement is "ray"; the address is checked for its form here, whether it answers at build
   (`ray.group.connect`)."""
-  from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   errors = []
   placement = r.get("placement", "local")
-  if placement not in backends.PLACEMENTS:
-    errors.append(f"rollout.placement={placement!r}: expected one of {backends.PLACEMENTS} (local: "
-                  "this machine's processes, ray: Ray actors)")
+  if placement not in backend_table.placements():
+    errors.append(f"rollout.placement={placement!r}: expected one of "
+                  f"{backend_table.placements()} (local: this machine's processes, ray: Ray "
+                  "actors)")
   if placement != "ray":
     return errors
   if importlib.util.find_spec("ray") is None:
@@ -221,8 +232,8 @@ def ray_errors(r) -> list[str]:
 def buffer_errors(b, r, log=None) -> list[str]:
   """buffer.*: N against B and against one request (`r`: the rollout section), the reuse controller
   (`log`: the log section, whose diagnostics the adaptive controller reads)."""
-  from jaxreplay.data import buffer  # pylint: disable=g-import-not-at-top
-  from jaxreplay.run import reuse  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import reuse  # pylint: disable=g-import-not-at-top
+  from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
   errors = []
   try:
     settings = reuse.ReuseSettings.from_config(b)
@@ -244,11 +255,11 @@ def buffer_errors(b, r, log=None) -> list[str]:
                   f"(buffer.size={b.size}); raise buffer.size to >= {request}")
   if b.on_policy and b.positive_fraction:
     errors.append("buffer.on_policy=True cannot use buffer.positive_fraction; set it to 0")
-  if b.on_policy_order not in buffer.CONSUME_ORDERS:
+  if b.on_policy_order not in samplers.QUEUES:
     errors.append(f"buffer.on_policy_order={b.on_policy_order!r}: expected one of "
-                  f"{buffer.CONSUME_ORDERS}")
-  if b.priority not in buffer.PRIORITIES:
-    errors.append(f"buffer.priority={b.priority!r}: expected one of {buffer.PRIORITIES}")
+                  f"{tuple(samplers.QUEUES)}")
+  if b.priority not in samplers.SAMPLERS:
+    errors.append(f"buffer.priority={b.priority!r}: expected one of {tuple(samplers.SAMPLERS)}")
   if not b.fresh_tau > 0:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
   if b.max_uses < 0:
@@ -262,6 +273,8 @@ def buffer_errors(b, r, log=None) -> list[str]:
 def trainer_errors(t, c) -> list[str]:
   """trainer.*: the loss and its options (their dataclass), the schedule, the step's options."""
   from jaxreplay.learner import algorithms  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import corrections  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import optim  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import trainer  # pylint: disable=g-import-not-at-top
   from jaxreplay.models import logprobs  # pylint: disable=g-import-not-at-top
   errors = []
@@ -283,14 +296,20 @@ def trainer_errors(t, c) -> list[str]:
                   f"{trainer.NONFINITE_CHECKS}")
   if t.loss not in algorithms.ALGORITHMS:
     errors.append(f"trainer.loss={t.loss!r}: expected one of {tuple(algorithms.ALGORITHMS)}")
+  elif t.get("off_policy", "none") not in corrections.CORRECTIONS:
+    errors.append(f"trainer.off_policy={t.off_policy!r}: expected one of "
+                  f"{tuple(corrections.CORRECTIONS)}")
   else:
     try:  # the algorithm's options, the off-policy correction and their combination
       trainer.loss_fn_from_config(t)
     except (ValueError, TypeError) as e:
       errors.append(str(e))
-    if c.rollout.group_size < 2 and t.loss == "grpo":
-      errors.append("rollout.group_size=1 gives GRPO zero advantages; use group_size >= 2 or "
+    if c.rollout.group_size < algorithms.get(t.loss).min_group_size:
+      errors.append(f"rollout.group_size={c.rollout.group_size} gives trainer.loss={t.loss!r} zero "
+                    f"advantages; use group_size >= {algorithms.get(t.loss).min_group_size} or "
                     "trainer.loss='asymre'")
+  if t.schedule not in optim.SCHEDULES:
+    errors.append(f"trainer.schedule={t.schedule!r}: expected one of {optim.SCHEDULES}")
   if t.schedule == "cosine" and c.total_steps <= t.warmup_steps:
     errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
                   f"trainer.warmup_steps={t.warmup_steps}; lower warmup_steps or use "
@@ -309,16 +328,31 @@ def trainer_errors(t, c) -> list[str]:
 
 
 def scheduler_errors(s, c) -> list[str]:
-  """scheduler.*: the schedule's kind and its simulated costs; the sync loop's R."""
+  """scheduler.*: the schedule's kind (`schedule_table.SCHEDULES`) and its simulated costs; R of a
+  schedule that generates rollouts_per_step per step (the sync loop)."""
   errors = []
-  if s.kind not in SCHEDULES:
-    errors.append(f"scheduler.kind={s.kind!r}: expected one of {SCHEDULES}")
+  record = schedule_table.SCHEDULES.get(s.kind)
+  if record is None:
+    errors.append(f"scheduler.kind={s.kind!r}: expected one of {tuple(schedule_table.SCHEDULES)}")
   if not 0.0 <= s.prefill_fraction < 1.0:
     errors.append(f"scheduler.prefill_fraction={s.prefill_fraction} must be in [0, 1)")
   if s.reference_tokens < 0:
     errors.append(f"scheduler.reference_tokens={s.reference_tokens} must be >= 0 "
                   "(0 = calibrate on the first request)")
-  if s.kind == "sync":
+  k = s.get("generation_batch", 1)
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    errors.append(f"scheduler.generation_batch={k!r} must be an integer >= 0 (requests per sampler "
+                  "call; 0 = auto, 1 = one request per call)")
+  elif k != 1:
+    placement = c.rollout.get("placement", "local")
+    in_process = placement == "local" and all(
+        b.on_trainer_devices for b in backend_table.candidates(c.rollout.backend))
+    if record is None or not record.batched_generation or not in_process:
+      errors.append(f"scheduler.generation_batch={k} batches the requests of a schedule that "
+                    "generates in virtual time on the in-process JAX sampler; this run has "
+                    f"scheduler.kind={s.kind!r}, rollout.backend={c.rollout.backend!r}, "
+                    f"rollout.placement={placement!r}: set scheduler.generation_batch=1")
+  if record is not None and record.rollouts_per_step:
     request = c.rollout.prompts_per_request * c.rollout.group_size
     r = s.rollouts_per_step
     if r < request or r % request:
@@ -326,22 +360,21 @@ def scheduler_errors(s, c) -> list[str]:
                     f"(rollout.prompts_per_request * rollout.group_size = {request}); e.g. "
                     f"{max(request, r - r % request)}")
     if c.buffer.on_policy and r > c.buffer.size:
-      errors.append(f"scheduler.kind='sync' with buffer.on_policy: a step's rollouts_per_step={r} "
+      errors.append(f"scheduler.kind={s.kind!r} with buffer.on_policy: a step's rollouts_per_step={r} "
                     f"must fit the queue (buffer.size={c.buffer.size}); on-policy is N = B = R")
   return errors
 
 
 def eval_errors(e) -> list[str]:
-  """eval.*: where it runs and its compute grid."""
-  from jaxreplay.run import evaluation  # pylint: disable=g-import-not-at-top
+  """eval.*: where it runs (`backend_table.EVAL_BACKENDS`) and its compute grid."""
   errors = []
   if any(x < 0 for x in e.compute_grid):
     errors.append(f"eval.compute_grid={tuple(e.compute_grid)} must hold compute_seconds >= 0")
   if e.passk_grid and not set(e.passk_grid) <= set(e.compute_grid):
     errors.append(f"eval.passk_grid={tuple(e.passk_grid)} must be a subset of "
                   f"eval.compute_grid={tuple(e.compute_grid)}")
-  if e.backend not in evaluation.EVAL_BACKENDS:
-    errors.append(f"eval.backend={e.backend!r}: expected one of {evaluation.EVAL_BACKENDS} "
+  if e.backend not in backend_table.EVAL_BACKENDS:
+    errors.append(f"eval.backend={e.backend!r}: expected one of {backend_table.EVAL_BACKENDS} "
                   "(auto: the rollout engines when rollout.backend='vllm', else the trainer)")
   if e.batch_size < 0:
     errors.append(f"eval.batch_size={e.batch_size} must be >= 0 (0 = rollout.sampler_batch_size)")
@@ -379,4 +412,4 @@ def log_errors(c) -> list[str]:
     errors.append(f"log.diagnostics_probe={g.diagnostics_probe} must be >= 0 (rollouts; 0 = none)")
   if not 0.0 <= g.noise_scale_decay < 1.0:
     errors.append(f"log.noise_scale_decay={g.noise_scale_decay} must be in [0, 1)")
-  return errors + list(metric_writers.wandb_config_errors(c))
+  return errors + list(metric_writers.wandb_config_errors(c.log))

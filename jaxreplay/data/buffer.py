@@ -13,9 +13,11 @@ Regions (`positive_fraction = delta`):
   positive  up to n_positive = floor(delta * N) rollouts with reward > 0 that have left the recent
             region (FIFO): a rollout evicted from the recent region moves here if its reward is > 0
             (evicting the oldest positive when full); a non-positive one is dropped.
-Sampling is uniform over everything held (both regions), unless a sampler option is set
-(`buffer.priority`, `buffer.max_uses`, `buffer.replace_zero_variance`: see `data.samplers`, which
-holds the draws and their exact distributions). The checkpoint format is in `data.buffer_state`.
+The buffer is storage; `sample` delegates the choice of a batch to a sampler strategy of
+`data.samplers` (its `SAMPLERS` table by `buffer.priority`: uniform over everything held (both
+regions) by default; `buffer.replace_zero_variance`; the queues below) and keeps the bookkeeping
+(use counts, `max_uses` retirement, staleness statistics). The checkpoint format is in
+`data.buffer_state`.
 
 `consume=True` turns the buffer into the on-policy baseline's queue: `sample` pops B rollouts, so
 each rollout is used once and the trainer waits for fresh data. `consume_order="lifo"` (the paper's
@@ -43,11 +45,10 @@ from jaxreplay.data import samplers
 from jaxreplay.data.buffer_keys import (  # noqa: F401 (re-exported)
     BATCH_KEYS, HELD_STALENESS_KEYS, MAX_USES_KEYS,
     METRIC_KEYS, STALENESS_KEYS, ZERO_VARIANCE_KEYS)
-from jaxreplay.data.samplers import (PRIORITIES, sampler_options,  # noqa: F401 (re-exported)
+from jaxreplay.data.samplers import (sampler_options,  # noqa: F401 (re-exported)
                                      successive_sampling)
 from jaxreplay.learner.batch import Rollout  # re-exported: `buffer.Rollout` is public
 
-CONSUME_ORDERS = ("lifo", "fifo")
 _STATE_FORMAT = buffer_state.STATE_FORMAT  # old names, kept for callers and tests
 _STATE_KEYS = buffer_state.STATE_KEYS
 _OPTIONAL_STATE_KEYS = buffer_state.OPTIONAL_STATE_KEYS
@@ -63,6 +64,24 @@ def _region_sizes(capacity: int, positive_fraction: float) -> tuple[int, int]:
   return capacity - n_positive, n_positive
 
 
+class _Held:
+  """The `samplers.Held` view of a buffer's storage for one draw (taken under its lock)."""
+
+  def __init__(self, buf: "ReplayBuffer"):
+    self._buf = buf
+    self.size, self.recent_size = buf._size(), buf._recent_count  # pylint: disable=protected-access
+    self.slots = buf._logical_slots  # pylint: disable=protected-access
+
+  def versions(self, slots: np.ndarray) -> np.ndarray:
+    return self._buf._slot_version[slots]  # pylint: disable=protected-access
+
+  def uses(self, slots: np.ndarray) -> np.ndarray:
+    return self._buf._slot_use[slots]  # pylint: disable=protected-access
+
+  def zero_variance(self, slots: np.ndarray) -> np.ndarray:
+    return self._buf._zero_variance(slots)  # pylint: disable=protected-access
+
+
 class ReplayBuffer:
   """A FIFO replay buffer of rollouts with uniform sampling (see the module docstring).
 
@@ -73,7 +92,8 @@ class ReplayBuffer:
     consume: the on-policy queue: `sample` removes the B rollouts it returns.
     consume_order: which B a consuming `sample` pops: "lifo" (the newest, the paper's baseline) or
       "fifo" (the oldest).
-    priority: "uniform" or "fresh" (draw priority exp(-age / fresh_tau), module docstring).
+    priority: a name of `samplers.SAMPLERS` ("uniform"; "fresh": draw priority
+      exp(-age / fresh_tau), see `data.samplers`).
     fresh_tau: tau > 0 of priority "fresh" [updates].
     max_uses: k > 0: a rollout leaves after its k-th use; 0 = no cap.
     replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
@@ -99,11 +119,14 @@ class ReplayBuffer:
     if consume and positive_fraction > 0:
       raise ValueError("consume=True (the on-policy queue) cannot have a positive region: "
                        "set positive_fraction=0")
-    if consume_order not in CONSUME_ORDERS:
-      raise ValueError(f"consume_order={consume_order!r}; expected one of {CONSUME_ORDERS}")
+    if consume_order not in samplers.QUEUES:
+      raise ValueError(f"consume_order={consume_order!r}; expected one of {tuple(samplers.QUEUES)}")
     samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume)
     self.priority, self.fresh_tau = priority, float(fresh_tau)
     self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
+    # how `sample` picks a batch: the queue's order, else the priority's sampler
+    self._sampler = (samplers.QUEUES[consume_order] if consume else samplers.make_sampler(
+        priority, samplers.SamplerOptions(self.fresh_tau, self.replace_zero_variance)))
     self.capacity = int(capacity)
     self.positive_fraction = positive_fraction
     self.consume = bool(consume)
@@ -112,7 +135,7 @@ class ReplayBuffer:
     self._seed = seed
     self._cond = threading.Condition(threading.Lock())
     self._closed = False
-    self._newest_unused = False
+    self._newest_unused = None  # a samplers.NewestUnused over `_sampler` while switched on
     self._last_batch_stats: Optional[dict[str, Any]] = None
     self._reset()
     self._rng = np.random.Generator(np.random.PCG64(seed))
@@ -224,6 +247,21 @@ class ReplayBuffer:
     """Removes `slots` (used max_uses times) from both regions, keeping the FIFO order of the rest."""
     if not slots.size:
       return
+    self._take_out(slots)
+    for s in slots.tolist():
+      self._retired += 1
+      self._retired_use_sum += int(self._slot_use[s])
+      self._drop(s, evicted=False)
+
+  def _consume(self, slots: np.ndarray) -> None:
+    """Removes the on-policy queue's batch `slots` (each rollout is used once)."""
+    self._take_out(slots)
+    self._consumed += int(slots.size)
+    for s in slots.tolist():
+      self._drop(s, evicted=False)
+
+  def _take_out(self, slots: np.ndarray) -> None:
+    """Removes `slots` from the rings of both regions, keeping the FIFO order of the rest."""
     def compact(ring, head, count, size):
       order = ring[(head + np.arange(count)) % size] if count else ring[:0]
       kept = order[~np.isin(order, slots)]
@@ -234,10 +272,6 @@ class ReplayBuffer:
     if self.n_positive:
       self._pos_head, self._pos_count = compact(self._pos, self._pos_head, self._pos_count,
                                                 self.n_positive)
-    for s in slots.tolist():
-      self._retired += 1
-      self._retired_use_sum += int(self._slot_use[s])
-      self._drop(s, evicted=False)
 
   def _zero_variance(self, slots: np.ndarray) -> np.ndarray:
     """bool [len(slots)]: whether each slot's group has all rewards equal."""
@@ -250,7 +284,7 @@ class ReplayBuffer:
   @property
   def total_added(self) -> int:
     """Rollouts ever added (resumes included). Read without the lock (an int read is atomic), so
-    a gate that holds another lock may ask it (`run.reuse`)."""
+    a gate that holds another lock may ask it (`data.reuse`)."""
     return self._total_added
 
   def __len__(self) -> int:
@@ -272,13 +306,14 @@ class ReplayBuffer:
 
   def sample(self, batch_size: int, timeout: Optional[float] = None,
              current_version: Optional[int] = None) -> list[Rollout]:
-    """Returns `batch_size` distinct rollouts drawn uniformly from what is held.
+    """Returns `batch_size` distinct rollouts chosen by the buffer's sampler (`data.samplers`:
+    uniformly from what is held by default).
 
     Blocks until at least `batch_size` rollouts are held (at most `timeout` seconds, then
-    TimeoutError). Nothing is removed unless `consume=True`, which pops the oldest `batch_size`
-    instead. Draws use numpy's `Generator.choice(size, B, replace=False)`, whose cost grows with B,
-    not with the number held (measured: ~40 us for B=1000 from 2e3 to 2e6 held); the logical
-    positions map to slots with vectorised ring arithmetic.
+    TimeoutError). Nothing is removed unless `consume=True`, which pops the queue's `batch_size`
+    (newest or oldest) instead. Uniform draws use numpy's `Generator.choice(size, B,
+    replace=False)`, whose cost grows with B, not with the number held (measured: ~40 us for B=1000
+    from 2e3 to 2e6 held); the logical positions map to slots with vectorised ring arithmetic.
     The returned objects are the buffer's own (shared, treat as read-only); their `use_count`
     includes this use. With `current_version`, `last_batch_stats` records the staleness
     current_version - policy_version of each returned rollout.
@@ -308,20 +343,8 @@ class ReplayBuffer:
         raise BufferClosedError(
             f"ReplayBuffer closed while sample({batch_size}) waited (held {self._size()}): "
             "the pipeline is shutting down")
-      newest_unused = self._newest_unused_slots(batch_size) if self._newest_unused else None
-      if newest_unused is not None:
-        slots = newest_unused
-      elif self.consume:
-        if self.consume_order == "lifo":
-          logical = self._recent_count - 1 - np.arange(batch_size)  # newest first
-        else:
-          logical = np.arange(batch_size)
-        slots = self._recent[(self._recent_head + logical) % self.n_recent]
-      elif self.priority == "uniform" and not self.replace_zero_variance:
-        idx = self._rng.choice(self._size(), size=batch_size, replace=False)
-        slots = self._logical_slots(np.asarray(idx, np.int64))
-      else:
-        slots = self._draw(batch_size)
+      sampler = self._sampler if self._newest_unused is None else self._newest_unused
+      slots = sampler.draw(_Held(self), self._rng, batch_size)
       self._slot_use[slots] += 1
       use = self._slot_use[slots].copy()
       out = [self._items[s] for s in slots.tolist()]
@@ -342,41 +365,21 @@ class ReplayBuffer:
       self._last_batch_stats = stats
       if self.max_uses:
         self._retire(slots[use >= self.max_uses])
-      if self.consume:
-        if self.consume_order == "fifo":
-          self._recent_head = (self._recent_head + batch_size) % self.n_recent
-        self._recent_count -= batch_size
-        self._consumed += batch_size
-        for s in slots.tolist():
-          self._drop(s, evicted=False)
+      if sampler.consumes:
+        self._consume(slots)
       return out
 
   def set_newest_unused(self, on: bool) -> None:
     """While on, `sample` takes the B newest never-used rollouts whenever at least B are held in
     the recent region (the on-policy LIFO queue's batch, without removing anything, so the
     rollouts stay available if reuse is raised again), and draws as configured otherwise. The
-    reuse controller switches it on while its replay ratio is 1 (`run.reuse`)."""
+    reuse controller switches it on while its replay ratio is 1 (`data.reuse`)."""
     with self._cond:
-      self._newest_unused = bool(on)
+      self._newest_unused = samplers.NewestUnused(self._sampler) if on else None
 
   @property
   def newest_unused(self) -> bool:
-    return self._newest_unused
-
-  def _newest_unused_slots(self, batch_size: int) -> Optional[np.ndarray]:
-    """Slot ids of the `batch_size` newest never-used rollouts (newest first), or None when fewer
-    are held. O(held) (one vectorised pass over the recent ring)."""
-    logical = self._recent_count - 1 - np.arange(self._recent_count)  # newest first
-    return samplers.newest_unused(self._recent[(self._recent_head + logical) % self.n_recent],
-                                  self._slot_use, batch_size)
-
-  def _draw(self, batch_size: int) -> np.ndarray:
-    """Slot ids of a batch under the sampler options (module docstring), in draw order."""
-    slots = self._logical_slots(np.arange(self._size(), dtype=np.int64))
-    log_w = (samplers.fresh_log_weights(self._slot_version[slots], self.fresh_tau)
-             if self.priority == "fresh" else None)
-    zero = self._zero_variance(slots) if self.replace_zero_variance else None
-    return samplers.draw_slots(self._rng, slots, batch_size, log_weights=log_w, zero_variance=zero)
+    return self._newest_unused is not None
 
   @property
   def last_batch_stats(self) -> Optional[dict[str, Any]]:

@@ -22,19 +22,14 @@ from jaxreplay.rollout.base import Group, SamplingParams
 from jaxreplay.rollout.base import PoolStopped, PromptBatch
 
 
-def make_advantage_fn(loss: str, adv_eps: float = 1e-6, tau: float = -0.1,
-                      options: Any = None) -> Callable:
-  """rewards float32 [P, G] -> advantages [P, G] of `algorithms.ALGORITHMS[loss]`.
+def make_advantage_fn(loss: str, options: Any = None) -> Callable:
+  """rewards float32 [P, G] -> advantages float32 [P, G] of `algorithms.ALGORITHMS[loss]`.
 
-  options: the algorithm's options (`algorithms.options_from_config(config.trainer)`); None builds
-  them from adv_eps (GRPO's) and tau (AsymRE's), each algorithm taking only its own.
+  options: that algorithm's options dataclass (`algorithms.options_from_config(config.trainer)`,
+  or the run's `trainer.LossFn.options`); None: its defaults.
   """
-  algorithm = algorithms.get(loss)
-  if options is None:
-    own = algorithms.option_names(loss)
-    options = algorithm.options(**{k: v for k, v in dict(adv_eps=adv_eps, tau=tau).items()
-                                   if k in own})
-  return lambda r: np.asarray(algorithm.advantages(r, options), np.float32)
+  algorithms.get(loss)  # an unknown name fails here, not at the first delivery
+  return lambda r: np.asarray(algorithms.advantages(loss, r, options), np.float32)
 
 
 def score_groups(groups: Sequence[Group], problems: Sequence[Any], task, codec) -> np.ndarray:
@@ -156,7 +151,7 @@ class Intake:
     on_policy: the buffer is a queue: a request may start only when its rollouts, those in
       flight and those held fit the capacity (workers wait, as the paper's baseline does).
     gate: `fn(rollouts in flight) -> bool`, whether a request may start (the reuse controller's
-      throttle, `run.reuse`); None = always.
+      throttle, `data.reuse`); None = always.
   """
 
   def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,

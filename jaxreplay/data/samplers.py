@@ -22,18 +22,130 @@ distribution (Yellott 1977; Kool, van Hoof, Welling, arXiv 1903.06059). Uniform 
 (priority="uniform") use numpy's `choice(..., replace=False)` as without the options, so a run with
 every sampler option at its default draws the same batches as before issue 27.
 
-A new sampler goes here: its option in `sampler_options` (and `config/defaults.py`, validated in
-`config/validation.py`), its draw in `draw_slots`, its test in `tests/data/test_samplers.py`
-against the exact distribution.
+The buffer is storage (`data.buffer.ReplayBuffer`: rings of slots, FIFO, positive bias, max_uses
+bookkeeping, checkpoints); which of its rollouts a batch takes is a sampler's `draw`, chosen from
+the tables below: `SAMPLERS` by `buffer.priority`, `QUEUES` by `buffer.on_policy_order` for the
+on-policy queue (`consume=True`), and `NewestUnused` while the reuse controller asks for the newest
+never-used rollouts. A sampler reads what is held through the `Held` view (under the buffer's
+lock) and draws from the buffer's one PCG64 stream.
+
+A new sampler is one entry in `SAMPLERS` (a factory of `SamplerOptions` returning an object with
+`draw(held, rng, batch_size)` and `consumes`; its test against the exact distribution in
+`tests/data/test_samplers.py`); `config.validation` accepts its name from the table. A new option
+of it is a `SamplerOptions` field read in `sampler_options` with its default in `config/defaults.py`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
-PRIORITIES = ("uniform", "fresh")  # buffer.priority
+
+class Held(Protocol):
+  """What a sampler may read of the buffer's storage (the buffer holds its lock meanwhile).
+
+  Logical positions: recent oldest..newest (0 .. recent_size - 1), then positive oldest..newest.
+  """
+  size: int          # rollouts held
+  recent_size: int   # of which in the recent region
+
+  def slots(self, logical: np.ndarray) -> np.ndarray:
+    """Slot ids (int64) of logical positions `logical` (int64)."""
+
+  def versions(self, slots: np.ndarray) -> np.ndarray:
+    """Policy versions (int64) of the rollouts in `slots`."""
+
+  def uses(self, slots: np.ndarray) -> np.ndarray:
+    """Use counts (int64) of the rollouts in `slots`."""
+
+  def zero_variance(self, slots: np.ndarray) -> np.ndarray:
+    """bool: whether each slot's group has all rewards equal."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerOptions:
+  """The options a sampler is built with (config `buffer.*`, see `sampler_options`).
+
+  fresh_tau: tau > 0 of priority "fresh" [updates].
+  replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
+  """
+  fresh_tau: float = 4.0
+  replace_zero_variance: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PrioritySampler:
+  """B distinct held rollouts: uniformly (`log_weights` None) or by successive sampling with
+  per-rollout log weights; zero-variance groups last when `replace_zero_variance` (module
+  docstring). Uniform draws without that option map B drawn positions straight to slots
+  (`Generator.choice(held, B, replace=False)`: O(B), whatever is held)."""
+  log_weights: Optional[Callable[[np.ndarray], np.ndarray]] = None  # versions [n] -> log w [n]
+  replace_zero_variance: bool = False
+  consumes = False
+
+  def draw(self, held: Held, rng: np.random.Generator, batch_size: int) -> np.ndarray:
+    if self.log_weights is None and not self.replace_zero_variance:
+      idx = rng.choice(held.size, size=batch_size, replace=False)
+      return held.slots(np.asarray(idx, np.int64))
+    slots = held.slots(np.arange(held.size, dtype=np.int64))
+    log_w = None if self.log_weights is None else self.log_weights(held.versions(slots))
+    zero = held.zero_variance(slots) if self.replace_zero_variance else None
+    return draw_slots(rng, slots, batch_size, log_weights=log_w, zero_variance=zero)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSampler:
+  """The on-policy queue (`consume=True`): the newest B ("lifo", the paper's baseline) or the
+  oldest B ("fifo") of the recent region, which the buffer then removes. No randomness."""
+  newest_first: bool
+  consumes = True
+
+  def draw(self, held: Held, rng: np.random.Generator, batch_size: int) -> np.ndarray:
+    del rng
+    n = held.recent_size
+    logical = n - 1 - np.arange(batch_size) if self.newest_first else np.arange(batch_size)
+    return held.slots(np.asarray(logical, np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class NewestUnused:
+  """The reuse controller's replay ratio 1 (`ReplayBuffer.set_newest_unused`): the newest B
+  never-used rollouts of the recent region (the LIFO queue's batch, nothing removed) when at least
+  B are unused, else `fallback`'s draw."""
+  fallback: Any
+
+  @property
+  def consumes(self) -> bool:
+    return self.fallback.consumes
+
+  def draw(self, held: Held, rng: np.random.Generator, batch_size: int) -> np.ndarray:
+    n = held.recent_size
+    ring = held.slots(np.asarray(n - 1 - np.arange(n), np.int64))  # newest first
+    slots = newest_unused(ring, held.uses(ring), batch_size)
+    return self.fallback.draw(held, rng, batch_size) if slots is None else slots
+
+
+# buffer.priority -> the sampler it draws with
+SAMPLERS: dict[str, Callable[[SamplerOptions], Any]] = {
+    "uniform": lambda o: PrioritySampler(None, o.replace_zero_variance),
+    "fresh": lambda o: PrioritySampler(lambda v: fresh_log_weights(v, o.fresh_tau),
+                                       o.replace_zero_variance),
+}
+
+# buffer.on_policy_order -> the on-policy queue's sampler (consume=True)
+QUEUES: dict[str, QueueSampler] = {
+    "lifo": QueueSampler(newest_first=True),
+    "fifo": QueueSampler(newest_first=False),
+}
+
+
+def make_sampler(priority: str, options: SamplerOptions):
+  """The sampler of `buffer.priority` (ValueError naming the valid ones)."""
+  if priority not in SAMPLERS:
+    raise ValueError(f"priority={priority!r}; expected one of {tuple(SAMPLERS)}")
+  return SAMPLERS[priority](options)
 
 
 def sampler_options(buffer_config: Any) -> dict[str, Any]:
@@ -47,8 +159,8 @@ def sampler_options(buffer_config: Any) -> dict[str, Any]:
 def check_options(priority: str, fresh_tau: float, max_uses: int, replace_zero_variance: bool,
                   consume: bool) -> None:
   """ValueError naming the bad sampler option and its fix (`ReplayBuffer`'s arguments)."""
-  if priority not in PRIORITIES:
-    raise ValueError(f"priority={priority!r}; expected one of {PRIORITIES}")
+  if priority not in SAMPLERS:
+    raise ValueError(f"priority={priority!r}; expected one of {tuple(SAMPLERS)}")
   if not 0.0 < float(fresh_tau) < math.inf:
     raise ValueError(f"fresh_tau={fresh_tau} must be > 0 [updates] (priority exp(-age / tau))")
   if isinstance(max_uses, bool) or int(max_uses) != max_uses or max_uses < 0:
@@ -98,6 +210,6 @@ def draw_slots(rng: np.random.Generator, slots: np.ndarray, batch_size: int,
 def newest_unused(ring_newest_first: np.ndarray, use_counts: np.ndarray,
                   batch_size: int) -> Optional[np.ndarray]:
   """The first `batch_size` of `ring_newest_first` (slot ids, newest first) whose `use_counts`
-  (indexed by slot id) are 0, or None when fewer are unused: the on-policy LIFO queue's batch."""
-  unused = ring_newest_first[use_counts[ring_newest_first] == 0]
+  (aligned with the ring) are 0, or None when fewer are unused: the on-policy LIFO queue's batch."""
+  unused = ring_newest_first[use_counts == 0]
   return unused[:batch_size] if unused.size >= batch_size else None

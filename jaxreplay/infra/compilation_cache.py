@@ -1,7 +1,8 @@
 """JAX's persistent compilation cache for a run (config `trainer.compilation_cache`).
 
 An 8B train step compiles for minutes on GPU; without a persistent cache every restart (a resume
-after a kill, a preempted job) compiles it again. `apply(config, workdir)` points JAX at a cache
+after a kill, a preempted job) compiles it again. `apply(value, workdir)` (value: the config's
+trainer.compilation_cache) points JAX at a cache
 directory before the run's first compile (`pipeline.run` calls it first thing; JAX decides whether
 a process uses the cache once, at its first compile):
 
@@ -42,11 +43,11 @@ def resolve(value: str, workdir: str, platform: str) -> Optional[str]:
   return os.path.abspath(os.path.expanduser(value))
 
 
-def apply(config, workdir: str, min_compile_time_s: float = MIN_COMPILE_TIME_S) -> Optional[str]:
-  """Sets JAX's persistent compilation cache for this process from `config.trainer.
-  compilation_cache` (see the module docstring); returns the directory, or None when off. Must
-  run before the process's first compile to take effect."""
-  value = config.trainer.get("compilation_cache", "auto")
+def apply(value: str, workdir: str, min_compile_time_s: float = MIN_COMPILE_TIME_S
+          ) -> Optional[str]:
+  """Sets JAX's persistent compilation cache for this process from `value` (config
+  trainer.compilation_cache: "auto", "off" or a directory; see the module docstring); returns the
+  directory, or None when off. Must run before the process's first compile to take effect."""
   path = resolve(value, workdir, jax.default_backend())
   if path is None:
     return None

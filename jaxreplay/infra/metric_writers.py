@@ -117,9 +117,9 @@ class WandbSettings:
                        "writes DIR/wandb for a later `wandb sync`)")
 
 
-def wandb_config_errors(config) -> list[str]:
-  """Problems of a run config's log.wandb_* keys (for the fail-fast check before a build)."""
-  log = config.log
+def wandb_config_errors(log) -> list[str]:
+  """Problems of the log.wandb_* keys of a config's `log` section (the fail-fast check before a
+  build)."""
   if not log.wandb_project:
     return []
   errors = []
@@ -131,14 +131,13 @@ def wandb_config_errors(config) -> list[str]:
   return errors
 
 
-def wandb_settings(config) -> Optional[WandbSettings]:
-  """The W&B settings of a run config (its `log` section), or None when log.wandb_project is ""."""
-  log = config.log
+def wandb_settings(log, run_config: Optional[dict] = None) -> Optional[WandbSettings]:
+  """The W&B settings of a config's `log` section, or None when log.wandb_project is "";
+  `run_config` (the whole config as a dict) is what the W&B run records as its config."""
   if not log.wandb_project:
     return None
-  to_dict = getattr(config, "to_dict", None)
   return WandbSettings(project=log.wandb_project, mode=log.wandb_mode, entity=log.wandb_entity,
-                       run_name=log.wandb_run_name, config=to_dict() if to_dict else None)
+                       run_name=log.wandb_run_name, config=run_config)
 
 
 class WandbLogger:
@@ -192,7 +191,8 @@ class MetricsWriter:
       dropped first (`truncate_after`) and TensorBoard purges later events.
     tensorboard: write TensorBoard events too.
     enabled: False on non-primary trainer processes (rows are formed, nothing is written).
-    wandb: log to Weights & Biases too (`wandb_settings(config)`); None: not (wandb not imported).
+    wandb: log to Weights & Biases too (`wandb_settings(config.log, run config dict)`); None: not
+      (wandb not imported).
   """
 
   def __init__(self, workdir: str, resume_step: Optional[int] = None, tensorboard: bool = True,

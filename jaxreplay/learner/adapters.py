@@ -72,7 +72,7 @@ class FrozenBase:
 def place_base(cfg: ModelConfig, mesh: Mesh, params: Any = None, rng: Optional[jax.Array] = None
                ) -> tuple[Any, Any]:
   """(base params on `mesh` in their storage shapes, their shardings). `params`: a loaded pytree
-  (e.g. `models.load_hf(..., shardings=...)`, already placed: used as is), or None to initialise
+  (e.g. `hf_io.load_hf(..., shardings=...)`, already placed: used as is), or None to initialise
   from `rng` (`transformer.init_params`, created sharded)."""
   logical = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0)))
   storage = sharding.storage_shapes(logical, mesh)

@@ -14,17 +14,22 @@ A correction turns lr into
   - optionally `proximal_logprobs` [B, T]: the denominator of GRPO's clipped ratio instead of the
     behaviour log-probs (the decoupled form: clip against the trainer's own policy).
 
-The modes (`trainer.off_policy`), each a pure function of arrays and scalars in `CORRECTIONS`:
+The modes (`trainer.off_policy`), each a pure function of arrays and scalars with its row in the
+one table `CORRECTIONS` (`Mode`: the function, whether GRPO clips against the proximal policy,
+its statistics' kinds). Adding a correction is this file alone: its pure function, its `_mode`
+adapter, its row (and, when it has options, fields of `OffPolicyOptions`).
   "none"          nothing (the loss exactly as without this module).
   "tis"           truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly
-                  Brings You Off-Policy RL Training"): w = min(exp(lr), C), clip against
+                  Brings You Off-Policy RL Training"; verl, slime, OpenRLHF, SkyRL; IMPALA's
+                  rho-bar): w = min(exp(lr), C) (`truncated_is_weights`), clip against
                   pi_theta itself (ratio 1 in value): the token's gradient is -w A grad log pi_theta.
                   C = trainer.tis_cap when > 0, else trainer.off_policy_cap. `trainer.tis_cap > 0`
                   alone (off_policy "none") is this mode, exactly as before issue 27.
-  "mis_token"     masked importance sampling, token level (IcePop, Ling team, "Every Step Evolves:
-                  Scaling RL for Trillion-Scale Thinking Model" (Ring-1T), arXiv 2510.18855; verl's
-                  token-level rollout rejection sampling): tokens whose behaviour ratio exp(lr)
-                  leaves [1/c, c] get weight 0, the others 1; c = trainer.off_policy_cap.
+  "mis_token"     token-level rejection sampling, verl's behaviour (its token-level rollout
+                  rejection sampling, `rollout_rs`): tokens whose ratio against the sampler
+                  exp(lr) leaves [1/c, c] are masked (weight 0), the kept ones get weight 1 (no
+                  importance weight); c = trainer.off_policy_cap. (IcePop, arXiv 2510.18855,
+                  masks the same band but weights the kept tokens by their ratio: not this mode.)
   "mis_sequence"  the same per sequence: the sequence's ratio exp(sum_t lr_t) (the product of its
                   token ratios) outside [1/c, c] masks every token of the sequence.
   "m2po"          M2PO (Zheng et al., "Prosperity before Collapse: How Far Can Off-Policy RL Reach
@@ -58,7 +63,8 @@ Why the current params stand in for the behaviour version's: a replay trainer ke
 old params, so lr mixes the rollout's staleness and the sampler/trainer mismatch (see
 `trainer.make_loss_fn`); on fresh rollouts it is the mismatch alone.
 
-Statistics (aux, declared in `losses.AUX_KINDS`), per mode: tis_weight_mean,
+Statistics (aux; each row declares their kinds, as `losses.AUX_KINDS` does for the losses), per
+mode: tis_weight_mean,
 tis_truncated_fraction (tis); mis_masked_fraction (both mis modes: the fraction of valid tokens
 masked), mis_masked_sequence_fraction (mis_sequence); m2po_masked_fraction, m2po_second_moment
 (the mean of lr^2 over valid tokens before masking); decoupled_weight_mean,
@@ -68,7 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import chex
 import jax
@@ -78,15 +84,12 @@ from jaxreplay.learner import losses
 
 Array = chex.Array
 
-OFF_POLICY_MODES = ("none", "tis", "mis_token", "mis_sequence", "m2po", "decoupled")
-PROXIMAL_MODES = ("tis", "decoupled")  # GRPO clips against pi_theta itself (ratio 1 in value)
-
 
 @dataclasses.dataclass(frozen=True)
 class OffPolicyOptions:
   """The off-policy correction of a run (`config.trainer` keys of the same names).
 
-  off_policy: one of OFF_POLICY_MODES (module docstring).
+  off_policy: a mode of `CORRECTIONS` (module docstring).
   off_policy_cap: c > 1: the ratio interval [1/c, c] of the mis modes, the filter of "decoupled"
     and the truncation of "tis" when tis_cap is 0 (2.0: verl's and slime's common cap).
   m2po_threshold: tau_M2 > 0, the bound on the mean squared log-ratio of the tokens "m2po" keeps
@@ -100,8 +103,9 @@ class OffPolicyOptions:
   tis_cap: float = 0.0
 
   def __post_init__(self):
-    if self.off_policy not in OFF_POLICY_MODES:
-      raise ValueError(f"trainer.off_policy={self.off_policy!r}: expected one of {OFF_POLICY_MODES}")
+    if self.off_policy not in CORRECTIONS:
+      raise ValueError(f"trainer.off_policy={self.off_policy!r}: expected one of "
+                       f"{tuple(CORRECTIONS)}")
     if not 1.0 < self.off_policy_cap < math.inf:
       raise ValueError(f"trainer.off_policy_cap={self.off_policy_cap} must be a finite c > 1 (the "
                        "ratio interval [1/c, c]; 2.0 is common)")
@@ -128,7 +132,7 @@ class OffPolicyOptions:
   @property
   def uses_proximal(self) -> bool:
     """Whether GRPO clips against the trainer's own policy (pi_theta / stop_gradient(pi_theta))."""
-    return self.mode in PROXIMAL_MODES
+    return CORRECTIONS[self.mode].proximal
 
 
 class Correction(NamedTuple):
@@ -136,7 +140,7 @@ class Correction(NamedTuple):
 
   weights: float32 [B, T], no gradient, multiplying each token's policy-gradient objective; None = 1.
   proximal_logprobs: float32 [B, T], no gradient: GRPO's clip denominator; None = the behaviour's.
-  aux: float32 scalar statistics (keys declared in `losses.AUX_KINDS`).
+  aux: float32 scalar statistics (their kinds declared in the mode's row of `CORRECTIONS`).
   """
   weights: Optional[Array]
   proximal_logprobs: Optional[Array]
@@ -180,8 +184,40 @@ def behaviour_log_ratio(logprobs: Array, behaviour_logprobs: Array, mask: Array)
   return jax.lax.stop_gradient(lp - behaviour)
 
 
+def truncated_is_weights(trainer_logprobs: Array, sampler_logprobs: Array,
+                         cap: Optional[float] = None) -> Array:
+  """Truncated importance weights of the sampled tokens (the "tis" mode).
+
+    w = stop_gradient(min(exp(trainer_lp - sampler_lp), cap))    (no truncation when cap is None).
+
+  The inference engine (vLLM) and the trainer compute slightly different probabilities for the same
+  parameters, and a replayed rollout was sampled by an older policy; w re-weights tokens drawn by
+  the sampler towards the trainer's policy (Yao et al. 2025; cap C = 2 is the common choice in
+  verl, slime, OpenRLHF, SkyRL).
+
+  Args:
+    trainer_logprobs: float [B, T], the trainer's log-probs of the sampled tokens.
+    sampler_logprobs: float [B, T], the sampler's log-probs of the same tokens
+      (Batch.behaviour_logprobs).
+    cap: upper bound C > 0 on w, or None.
+
+  Returns:
+    float32 [B, T], no gradient.
+  """
+  if losses._is_python_number(cap) and not cap > 0:  # pylint: disable=protected-access
+    raise ValueError(f"tis_cap must be > 0 (2.0 is common), got {cap}")
+  _check("truncated_is_weights", {"trainer_logprobs": trainer_logprobs,
+                                  "sampler_logprobs": sampler_logprobs})
+  w = jnp.exp(jnp.asarray(trainer_logprobs, jnp.float32) - jnp.asarray(sampler_logprobs,
+                                                                        jnp.float32))
+  if cap is not None:
+    w = jnp.minimum(w, jnp.asarray(cap, jnp.float32))
+  return jax.lax.stop_gradient(w)
+
+
 def mis_token_keep(log_ratio: Array, mask: Array, cap: float) -> Array:
-  """Token-level masked IS (IcePop): 1 where the ratio exp(lr) lies in [1/cap, cap], else 0.
+  """Token-level rejection sampling (verl's): 1 where the ratio exp(lr) against the sampler lies
+  in [1/cap, cap], else 0 (kept tokens weigh 1, not their ratio).
 
   Compared in log space (|lr| <= log cap, boundaries kept), so huge ratios cannot overflow.
 
@@ -292,7 +328,7 @@ def _tis(lp, behaviour, m, segment_ids, options):
   del segment_ids
   valid = m > 0
   prox = jnp.where(valid, jax.lax.stop_gradient(lp), 0.0)
-  w = losses.truncated_is_weights(prox, jnp.where(valid, behaviour, 0.0), options.cap)
+  w = truncated_is_weights(prox, jnp.where(valid, behaviour, 0.0), options.cap)
   return Correction(w, prox, {"tis_weight_mean": losses._masked_mean(w, m),  # pylint: disable=protected-access
                               "tis_truncated_fraction": _fraction(w >= options.cap, m)})
 
@@ -331,17 +367,40 @@ def _decoupled(lp, behaviour, m, segment_ids, options):
                               "decoupled_masked_fraction": _fraction(masked, m)})
 
 
-# mode -> fn(logprobs f32 [B, T], behaviour f32 [B, T], mask f32 [B, T], segment_ids or None,
-#            OffPolicyOptions) -> Correction
-CORRECTIONS: dict[str, Callable[..., Correction]] = {
-    "none": _none,
-    "tis": _tis,
-    "mis_token": _mis_token,
-    "mis_sequence": _mis_sequence,
-    "m2po": _m2po,
-    "decoupled": _decoupled,
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """One correction's row of `CORRECTIONS`.
+
+  fn: `(logprobs f32 [B, T] (no gradient), behaviour f32 [B, T], mask f32 [B, T], segment_ids or
+    None, OffPolicyOptions) -> Correction`.
+  aux: the kind of each statistic fn returns (`losses.AUX_KIND_NAMES`: how it combines over
+    micro-batches).
+  proximal: fn returns proximal log-probs, and GRPO clips against them (pi_theta itself: the
+    ratio is 1 in value, which needs eps_low, eps_high > 0).
+  """
+  fn: Callable[..., Correction]
+  aux: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  proximal: bool = False
+
+
+# off_policy mode -> its row; validation and OffPolicyOptions read the modes from here.
+CORRECTIONS: dict[str, Mode] = {
+    "none": Mode(_none),
+    "tis": Mode(_tis, {"tis_weight_mean": "token_mean", "tis_truncated_fraction": "token_mean"},
+                proximal=True),
+    "mis_token": Mode(_mis_token, {"mis_masked_fraction": "token_mean"}),
+    "mis_sequence": Mode(_mis_sequence, {"mis_masked_fraction": "token_mean",
+                                         "mis_masked_sequence_fraction": "row_mean"}),
+    "m2po": Mode(_m2po, {"m2po_masked_fraction": "token_mean",
+                         "m2po_second_moment": "token_mean"}),
+    "decoupled": Mode(_decoupled, {"decoupled_weight_mean": "token_mean",
+                                   "decoupled_masked_fraction": "token_mean"}, proximal=True),
 }
-assert tuple(CORRECTIONS) == OFF_POLICY_MODES
+
+
+def aux_kinds() -> dict[str, str]:
+  """Every correction's statistics and their kinds (the rows' `aux`, merged)."""
+  return {k: v for mode in CORRECTIONS.values() for k, v in mode.aux.items()}
 
 
 def correct(options: OffPolicyOptions, logprobs: Array, behaviour_logprobs: Array, mask: Array,
@@ -361,8 +420,8 @@ def correct(options: OffPolicyOptions, logprobs: Array, behaviour_logprobs: Arra
     return Correction(None, None, {})
   m = jnp.asarray(mask).astype(jnp.float32)
   lp = jax.lax.stop_gradient(jnp.asarray(logprobs).astype(jnp.float32))
-  return CORRECTIONS[options.mode](lp, jnp.asarray(behaviour_logprobs).astype(jnp.float32), m,
-                                   segment_ids, options)
+  return CORRECTIONS[options.mode].fn(lp, jnp.asarray(behaviour_logprobs).astype(jnp.float32), m,
+                                      segment_ids, options)
 
 
 def option_names() -> tuple[str, ...]:

@@ -1,15 +1,25 @@
-"""GRPO and AsymRE advantages and losses, KL (k3) and truncated importance sampling.
+"""GRPO and AsymRE advantages and losses, and the KL (k3) penalty.
 
 Pure functions of arrays and scalars, in the style of optax / rlax: small blocks (`aggregate`,
-`k3_kl`, `clipped_surrogate`, `truncated_is_weights`) composed into the two losses. Every
-computation runs in float32, whatever the input dtype (bfloat16 log-probs give a float32 loss).
+`k3_kl`, `clipped_surrogate`, `dual_clip_bound`) composed into the two losses. Every computation
+runs in float32, whatever the input dtype (bfloat16 log-probs give a float32 loss). Importance
+weights and masks of stale or mismatched rollouts (truncated IS included) are off-policy
+corrections (`jaxreplay.learner.corrections`): a loss takes them as `token_weights` (and, when it
+clips a ratio, `proximal_logprobs`), its one importance-weight path.
+
+Every loss takes the same keyword arguments, which `algorithms.loss` passes: logprobs,
+behaviour_logprobs, advantages, mask, aggregation, normalizer, ref_logprobs, kl_coef, segment_ids,
+token_weights (when a correction weights tokens), proximal_logprobs (to a loss that clips a ratio,
+when the correction has them), kl_clamp (when set), and its own options (`algorithms`' options
+dataclass, `loss_args()`).
 
 Shapes: B rows (one rollout each), T tokens, P prompts, G responses per prompt.
-  logprobs, behaviour_logprobs, ref_logprobs, tis_logprobs  float [B, T]  nats, aligned with targets
-  mask                                                      {0, 1} [B, T] 1 on completion tokens
-  advantages                                                float [B], or [B, T] per token
-  segment_ids                                               int [B, T] or None (see below)
-  rewards                                                   float or int [P, G]
+  logprobs, behaviour_logprobs, ref_logprobs  float [B, T]  nats, aligned with targets
+  proximal_logprobs, token_weights            float [B, T]  no gradient (a correction's)
+  mask                                        {0, 1} [B, T] 1 on completion tokens
+  advantages                                  float [B], or [B, T] per token
+  segment_ids                                 int [B, T] or None (see below)
+  rewards                                     float or int [P, G]
 Padding positions (mask 0) may hold any finite or non-finite value: they are replaced by 0 before
 any arithmetic, so they contribute nothing to the loss, its gradient or the statistics.
 Sequences: with segment_ids None each row is one sequence (rollout); with segment_ids (packed rows,
@@ -22,8 +32,12 @@ References:
   Constant normaliser: Liu et al., "Understanding R1-Zero-Like Training" (Dr. GRPO), arXiv 2503.20783.
   AsymRE: Arnal et al., "Asymmetric REINFORCE for off-Policy RL", arXiv 2506.20520.
   k3 KL estimator: J. Schulman, "Approximating KL Divergence" (2020); used by GRPO, arXiv 2402.03300 eq. (4).
-  Truncated IS for sampler/trainer mismatch: Yao et al., "Your Efficient RL Framework Secretly Brings
-    You Off-Policy RL Training" (2025), as implemented in verl, slime, OpenRLHF and SkyRL.
+  Dual clip: Ye et al., "Mastering Complex Control in MOBA Games with Deep RL", arXiv 1912.09729
+    (dual-clip PPO), as verl's `compute_policy_loss` (clip_ratio_c = 3).
+Conventions checked against TRL's and verl's formulas (tests/learner/test_losses.py,
+`ConventionsTest`): TRL and verl standardise group rewards with the sample std (ddof 1),
+jaxreplay with the population std by default (ddof 0, `trainer.adv_std_ddof`); verl clamps k3 at
+10 (`trainer.kl_clamp`) and bounds negative-advantage tokens by its dual clip (`trainer.dual_clip`).
 """
 from __future__ import annotations
 
@@ -39,6 +53,7 @@ Array = chex.Array
 Scalar = Union[float, int, Array]
 
 AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+KL_LOG_RATIO_CLIP = 20.0  # verl's low_var_kl clips ref - lp to [-20, 20] before its k3 clamp
 
 # How each statistic in a loss's aux combines over the micro-batches of one train step (gradient
 # accumulation in `trainer.make_train_step`) into the value of the whole batch:
@@ -59,16 +74,10 @@ AUX_KINDS: dict[str, str] = {
     "ratio_mean": "token_mean",
     "ratio_max": "max",
     "kl": "token_mean",
-    "tis_weight_mean": "token_mean",
-    "tis_truncated_fraction": "token_mean",
-    # off-policy corrections (`jaxreplay.learner.corrections`)
-    "mis_masked_fraction": "token_mean",
-    "mis_masked_sequence_fraction": "row_mean",
-    "m2po_masked_fraction": "token_mean",
-    "m2po_second_moment": "token_mean",
-    "decoupled_weight_mean": "token_mean",
-    "decoupled_masked_fraction": "token_mean",
+    "dual_clip_fraction": "token_mean",
 }
+# (The off-policy corrections declare their statistics' kinds in their rows of
+# `corrections.CORRECTIONS`.)
 
 
 class LossInputError(ValueError, AssertionError):
@@ -136,17 +145,22 @@ def num_sequences(mask: Array, segment_ids: Optional[Array] = None) -> Array:
 # ------------------------------------------------------------------------------------- advantages
 
 
-def grpo_advantages(rewards: Array, eps: float = 1e-6) -> Array:
+def grpo_advantages(rewards: Array, eps: float = 1e-6, ddof: int = 0) -> Array:
   """Group-normalised advantages of GRPO (arXiv 2402.03300, section 4.1.2).
 
-    A_{p,i} = (r_{p,i} - mean_i r_{p,:}) / (std_i r_{p,:} + eps),   std with ddof = 0.
+    A_{p,i} = (r_{p,i} - mean_i r_{p,:}) / (std_i r_{p,:} + eps),
+    std^2   = sum_i (r_{p,i} - mean)^2 / (G - ddof).
 
+  ddof 0 (the population std) is jaxreplay's default; TRL's GRPOTrainer and verl's GRPO
+  advantage use the sample std (torch.std: ddof 1), which scales every advantage by
+  sqrt(G / (G - 1)) (x1.069 at G = 8) up to eps.
   A group whose rewards are all equal (including a group of size 1) gets A = 0 exactly: it carries
   no learning signal, and the float rounding of mean/std cannot turn it into noise or NaN.
 
   Args:
     rewards: float or int [P, G], one row per prompt, one column per response.
     eps: added to the standard deviation.
+    ddof: 0 or 1, the std's delta degrees of freedom (a Python int).
 
   Returns:
     float32 [P, G].
@@ -154,9 +168,11 @@ def grpo_advantages(rewards: Array, eps: float = 1e-6) -> Array:
   with _checking("grpo_advantages"):
     chex.assert_rank(rewards, 2)
     _assert_numeric(rewards, "rewards")
+  if ddof not in (0, 1):
+    raise ValueError(f"ddof={ddof}: expected 0 (population std) or 1 (sample std, TRL / verl)")
   r = _f32(rewards)
   mean = jnp.mean(r, axis=1, keepdims=True)
-  std = jnp.std(r, axis=1, keepdims=True)  # ddof = 0
+  std = jnp.std(r, axis=1, keepdims=True, ddof=ddof)
   all_equal = jnp.max(r, axis=1, keepdims=True) == jnp.min(r, axis=1, keepdims=True)
   return jnp.where(all_equal, 0.0, (r - mean) / (std + eps))
 
@@ -242,26 +258,36 @@ def aggregate(per_token: Array, mask: Array, aggregation: str,
   return jnp.sum(x) / jnp.asarray(normalizer, jnp.float32)
 
 
-def k3_kl(logprobs: Array, ref_logprobs: Array) -> Array:
+def k3_kl(logprobs: Array, ref_logprobs: Array, clamp: Scalar = 0.0) -> Array:
   """Per-token k3 estimator of KL(pi_theta || pi_ref) on tokens sampled from pi_theta.
 
     k3 = exp(ref - lp) - (ref - lp) - 1  >= 0,
   unbiased for the KL when tokens come from pi_theta, with low variance (Schulman 2020; GRPO,
   arXiv 2402.03300 eq. 4). Gradients flow through `logprobs`: d k3 / d lp = 1 - exp(ref - lp).
 
+  clamp = K > 0 is verl's `low_var_kl`: the log-ratio ref - lp clipped to [-20, 20] before the
+  exp, then k3 clipped to [-K, K] (k3 >= 0, so at most K; verl's K = 10). Where a clip binds the
+  token's k3 has no gradient. 0 (default): no clamp, the formula above exactly.
+
   Args:
     logprobs: float [B, T], log pi_theta of the sampled tokens.
     ref_logprobs: float [B, T], log pi_ref of the same tokens.
+    clamp: K >= 0 (a Python number), 0 = off.
 
   Returns:
     float32 [B, T].
   """
+  if _is_python_number(clamp) and not clamp >= 0:
+    raise ValueError(f"kl_clamp must be >= 0 (0 is off, verl clamps k3 at 10), got {clamp}")
   with _checking("k3_kl"):
     chex.assert_rank([logprobs, ref_logprobs], 2)
     chex.assert_equal_shape([logprobs, ref_logprobs])
     chex.assert_type([logprobs, ref_logprobs], float)
   d = _f32(ref_logprobs) - _f32(logprobs)
-  return jnp.exp(d) - d - 1.0
+  if not clamp:
+    return jnp.exp(d) - d - 1.0
+  d = jnp.clip(d, -KL_LOG_RATIO_CLIP, KL_LOG_RATIO_CLIP)
+  return jnp.clip(jnp.exp(d) - d - 1.0, -clamp, clamp)
 
 
 def clipped_surrogate(ratio: Array, advantages: Array, eps_low: Scalar = 0.2,
@@ -299,35 +325,31 @@ def clipped_surrogate(ratio: Array, advantages: Array, eps_low: Scalar = 0.2,
   return jnp.minimum(unclipped, clipped), clipped < unclipped
 
 
-def truncated_is_weights(trainer_logprobs: Array, sampler_logprobs: Array,
-                         cap: Optional[Scalar] = None) -> Array:
-  """Truncated importance weights for the sampler / trainer mismatch at one policy version.
+def dual_clip_bound(objective: Array, advantages: Array, dual_clip: Scalar) -> tuple[Array, Array]:
+  """Dual-clip PPO (arXiv 1912.09729; verl's `compute_policy_loss`, clip_ratio_c): on tokens with a
+  negative advantage the clipped objective is bounded below by c * A,
 
-    w = stop_gradient(min(exp(trainer_lp - sampler_lp), cap))    (no truncation when cap is None).
+    objective' = max(objective, c * A)   where A < 0,   objective elsewhere,
 
-  The inference engine (vLLM) and the trainer compute slightly different probabilities for the same
-  parameters; w re-weights tokens drawn by the sampler towards the trainer's view of that policy
-  (Yao et al. 2025; cap C = 2 is the common choice in verl, slime, OpenRLHF, SkyRL).
+  so a ratio far above 1 on a bad token cannot make the loss (and its gradient) unbounded: where
+  the bound binds, the token has no gradient.
 
   Args:
-    trainer_logprobs: float [B, T], the trainer's log-probs of the sampled tokens, computed with the
-      parameters of the policy version that generated them.
-    sampler_logprobs: float [B, T], the sampler's log-probs of the same tokens (Batch.behaviour_logprobs).
-    cap: upper bound C > 0 on w, or None.
+    objective: float [B, T], `clipped_surrogate`'s objective.
+    advantages: float [B] or [B, T], as for `clipped_surrogate`.
+    dual_clip: c > 1 (verl's default 3).
 
   Returns:
-    float32 [B, T], no gradient.
+    (objective' float32 [B, T], bound bool [B, T]: True where c * A is the larger, with A < 0).
   """
-  if _is_python_number(cap) and not cap > 0:
-    raise ValueError(f"tis_cap must be > 0 (2.0 is common), got {cap}")
-  with _checking("truncated_is_weights"):
-    chex.assert_rank([trainer_logprobs, sampler_logprobs], 2)
-    chex.assert_equal_shape([trainer_logprobs, sampler_logprobs])
-    chex.assert_type([trainer_logprobs, sampler_logprobs], float)
-  w = jnp.exp(_f32(trainer_logprobs) - _f32(sampler_logprobs))
-  if cap is not None:
-    w = jnp.minimum(w, jnp.asarray(cap, jnp.float32))
-  return jax.lax.stop_gradient(w)
+  if _is_python_number(dual_clip) and not dual_clip > 1:
+    raise ValueError(f"dual_clip must be > 1 (verl: 3), got {dual_clip}")
+  adv = _f32(advantages)
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  bound = jnp.asarray(dual_clip, jnp.float32) * adv
+  binds = (adv < 0) & (bound > objective)
+  return jnp.where(adv < 0, jnp.maximum(objective, bound), objective), binds
 
 
 # ------------------------------------------------------------------------------------------ losses
@@ -381,32 +403,39 @@ def _ratio_aux(ratio, m):
           "ratio_max": jnp.max(jnp.where(m > 0, ratio, 0.0))}
 
 
-def _kl_term(lp, ref_logprobs, kl_coef, m, aux):
-  """Adds the k3 statistic to aux and returns kl_coef * k3 per token."""
-  kl = k3_kl(lp, jnp.where(m > 0, _f32(ref_logprobs), 0.0))
+def _kl_term(lp, ref_logprobs, kl_coef, kl_clamp, m, aux):
+  """Adds the k3 statistic to aux and returns kl_coef * k3 per token (k3 clamped by kl_clamp)."""
+  kl = k3_kl(lp, jnp.where(m > 0, _f32(ref_logprobs), 0.0), kl_clamp)
   aux["kl"] = _masked_mean(kl, m)
   return jnp.asarray(kl_coef, jnp.float32) * kl
+
+
+def _token_weights(token_weights, valid):
+  """A correction's weights, no gradient, 0 on padding; None stays None (weight 1)."""
+  if token_weights is None:
+    return None
+  return jnp.where(valid, jax.lax.stop_gradient(_f32(token_weights)), 0.0)
 
 
 def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mask: Array,
               eps_low: Scalar = 0.2, eps_high: Scalar = 0.2, aggregation: str = "token_mean", *,
               normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
-              kl_coef: Scalar = 0.0, tis_logprobs: Optional[Array] = None,
-              tis_cap: Optional[Scalar] = None, proximal_logprobs: Optional[Array] = None,
-              token_weights: Optional[Array] = None,
+              kl_coef: Scalar = 0.0, kl_clamp: Scalar = 0.0, dual_clip: Optional[Scalar] = 0.0,
+              proximal_logprobs: Optional[Array] = None, token_weights: Optional[Array] = None,
               segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
-  """The GRPO loss (arXiv 2402.03300 eq. 3) with clip-higher (arXiv 2503.14476), optional KL and TIS.
+  """The GRPO loss (arXiv 2402.03300 eq. 3) with clip-higher (arXiv 2503.14476), optional KL,
+  optional dual clip and an off-policy correction's weights.
 
-    rho_{b,t}  = exp(lp_{b,t} - old_{b,t}),  old = behaviour_logprobs (or tis_logprobs, see below)
+    rho_{b,t}  = exp(lp_{b,t} - old_{b,t}),  old = proximal_logprobs if given, else behaviour_logprobs
     obj_{b,t}  = w_{b,t} * min(rho A_b, clip(rho, 1 - eps_low, 1 + eps_high) A_b)
     loss_{b,t} = -obj_{b,t} + kl_coef * k3(lp_{b,t}, ref_{b,t})
     loss       = aggregate(loss_{b,t}, mask, aggregation, normalizer)
-  with w = 1 unless truncated importance sampling (TIS) is on. With TIS (tis_logprobs given):
-    old = tis_logprobs,   w = stop_gradient(min(exp(tis_logprobs - behaviour_logprobs), tis_cap)),
-  so the clip acts on the trainer's own ratio pi_theta / pi_old and w corrects the sampler's
-  mismatch, w * rho ~ pi_theta / pi_sampler (the decoupled form used by verl / slime).
-  The off-policy corrections (`jaxreplay.learner.corrections`) pass their own w and pi_old instead:
-    old = proximal_logprobs (when given),   w = token_weights (when given; 0 masks a token).
+  with w = token_weights (1 when None): the one importance-weight path. An off-policy correction
+  (`jaxreplay.learner.corrections`) computes w and pi_old: truncated IS ("tis") passes
+  w = min(pi_theta / pi_sampler, C) and old = stop_gradient(lp), so the clip acts on the trainer's
+  own ratio (1 in value) and the gradient is -w A grad log pi_theta; the masks pass w in {0, 1}.
+  With dual_clip = c > 1 the min(...) of a token with A < 0 is further bounded below by c * A
+  (`dual_clip_bound`, before w multiplies it).
 
   Args:
     logprobs: float [B, T], log pi_theta(target_t) under the parameters being trained (gradients flow).
@@ -421,15 +450,13 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
     ref_logprobs: float [B, T], log-probs of the reference policy, for the KL penalty and the "kl"
       statistic; None for neither.
     kl_coef: weight of the k3 KL penalty (needs ref_logprobs when nonzero).
-    tis_logprobs: float [B, T], the trainer's log-probs of the tokens under the parameters of the
-      policy version that generated them (or stop_gradient(logprobs), as `trainer.make_loss_fn`
-      passes: a replay buffer cannot recompute them per version); None turns TIS off.
-    tis_cap: the truncation C of the TIS weights (None: no truncation); needs tis_logprobs.
+    kl_clamp: K > 0 clamps k3 as verl does (`k3_kl`); 0 is off.
+    dual_clip: c > 1 turns on the dual clip (verl: 3); 0 or None is off (a Python number).
     proximal_logprobs: float [B, T], no gradient: the clip's denominator pi_old instead of the
-      behaviour log-probs (decoupled PPO); not together with tis_logprobs.
+      behaviour log-probs (a correction's proximal policy).
     token_weights: float [B, T], no gradient: multiplies each token's clipped objective (an
-      off-policy correction's weights or {0, 1} mask); not together with tis_logprobs. The
-      aggregation's denominators do not change (a weight-0 token counts, with zero gradient).
+      off-policy correction's weights or {0, 1} mask). The aggregation's denominators do not
+      change (a weight-0 token counts, with zero gradient).
     segment_ids: int [B, T] for packed rows (each (row, segment) a sequence for "sequence_mean"
       and advantage_mean), or None: each row is one sequence.
 
@@ -439,54 +466,42 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
       valid tokens: the sampled-token entropy estimate), pg_loss (the aggregated -obj),
       clip_fraction (fraction of valid tokens where the clipped term is the active minimum),
       ratio_mean, ratio_max (over valid tokens, 0 when there are none), kl (token mean of k3, when
-      ref_logprobs is given), tis_weight_mean and tis_truncated_fraction (when TIS is on);
-      `AUX_KINDS` says how each combines over micro-batches.
+      ref_logprobs is given), dual_clip_fraction (with the dual clip: the fraction of valid tokens
+      where c * A binds); `AUX_KINDS` says how each combines over micro-batches.
   """
   _check_kl_args(ref_logprobs, kl_coef)
-  if tis_cap is not None and tis_logprobs is None:
-    raise ValueError("tis_cap needs tis_logprobs (the trainer's log-probs at the behaviour version)")
-  if tis_logprobs is not None and (proximal_logprobs is not None or token_weights is not None):
-    raise ValueError("tis_logprobs (TIS) cannot be combined with proximal_logprobs / token_weights "
-                     "(an off-policy correction): pass one or the other")
   for name, eps in (("eps_low", eps_low), ("eps_high", eps_high)):
     if _is_python_number(eps) and not 0 <= eps:
       raise ValueError(f"{name} must be >= 0, got {eps}")
   _check_token_inputs("grpo_loss", advantages, {
       "logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
-      "ref_logprobs": ref_logprobs, "tis_logprobs": tis_logprobs,
-      "proximal_logprobs": proximal_logprobs, "token_weights": token_weights,
-      "segment_ids": segment_ids})
+      "ref_logprobs": ref_logprobs, "proximal_logprobs": proximal_logprobs,
+      "token_weights": token_weights, "segment_ids": segment_ids})
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {AGGREGATIONS}")
   m = _f32(mask)
   valid = m > 0
   # Zero the padding before any exp, so that garbage there cannot produce inf / NaN gradients.
   lp = jnp.where(valid, _f32(logprobs), 0.0)
-  behaviour = jnp.where(valid, _f32(behaviour_logprobs), 0.0)
+  old = jnp.where(valid, _f32(behaviour_logprobs), 0.0)
+  if proximal_logprobs is not None:
+    old = jnp.where(valid, jax.lax.stop_gradient(_f32(proximal_logprobs)), 0.0)
   adv = _f32(advantages)
   if adv.ndim == 2:
     adv = jnp.where(valid, adv, 0.0)
 
   aux = {}
-  if tis_logprobs is not None:
-    old = jnp.where(valid, _f32(tis_logprobs), 0.0)
-    w = truncated_is_weights(old, behaviour, tis_cap)
-    aux["tis_weight_mean"] = _masked_mean(w, m)
-    truncated = (w >= tis_cap) if tis_cap is not None else jnp.zeros_like(valid)
-    aux["tis_truncated_fraction"] = _masked_mean(truncated.astype(jnp.float32), m)
-  else:
-    old, w = behaviour, None
-    if proximal_logprobs is not None:
-      old = jnp.where(valid, jax.lax.stop_gradient(_f32(proximal_logprobs)), 0.0)
-    if token_weights is not None:
-      w = jnp.where(valid, jax.lax.stop_gradient(_f32(token_weights)), 0.0)
   ratio = jnp.exp(lp - old)
   objective, clipped = clipped_surrogate(ratio, adv, eps_low, eps_high)
+  if dual_clip:
+    objective, bound = dual_clip_bound(objective, adv, dual_clip)
+    aux["dual_clip_fraction"] = _masked_mean(bound.astype(jnp.float32), m)
+  w = _token_weights(token_weights, valid)
   if w is not None:
     objective = w * objective
   per_token = -objective
   if ref_logprobs is not None:
-    per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, m, aux)
+    per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, kl_clamp, m, aux)
   loss = aggregate(per_token, m, aggregation, normalizer, segment_ids)
 
   aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer, segment_ids))
@@ -497,7 +512,8 @@ def grpo_loss(logprobs: Array, behaviour_logprobs: Array, advantages: Array, mas
 
 def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: str = "token_mean", *,
                 normalizer: Optional[Scalar] = None, ref_logprobs: Optional[Array] = None,
-                kl_coef: Scalar = 0.0, behaviour_logprobs: Optional[Array] = None,
+                kl_coef: Scalar = 0.0, kl_clamp: Scalar = 0.0,
+                behaviour_logprobs: Optional[Array] = None,
                 token_weights: Optional[Array] = None,
                 segment_ids: Optional[Array] = None) -> tuple[Array, dict[str, Array]]:
   """The Asymmetric REINFORCE loss (arXiv 2506.20520): REINFORCE with a shifted baseline, no ratio.
@@ -518,6 +534,7 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
     normalizer: the divisor for "constant" (default B * T).
     ref_logprobs: float [B, T], reference policy log-probs for the KL penalty / statistic, or None.
     kl_coef: weight of the k3 KL penalty (needs ref_logprobs when nonzero).
+    kl_clamp: K > 0 clamps k3 as verl does (`k3_kl`); 0 is off.
     behaviour_logprobs: float [B, T], the sampler's log-probs, optional and for monitoring only: when
       given, aux gets ratio_mean / ratio_max of pi_theta / pi_behaviour (how off-policy the batch is).
       The loss does not depend on it.
@@ -546,11 +563,12 @@ def asymre_loss(logprobs: Array, advantages: Array, mask: Array, aggregation: st
   if adv.ndim == 2:
     adv = jnp.where(valid, adv, 0.0)
   objective = (adv[:, None] if adv.ndim == 1 else adv) * lp
-  if token_weights is not None:
-    objective = jnp.where(valid, jax.lax.stop_gradient(_f32(token_weights)), 0.0) * objective
+  w = _token_weights(token_weights, valid)
+  if w is not None:
+    objective = w * objective
   per_token = -objective
   if ref_logprobs is not None:
-    per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, m, aux)
+    per_token = per_token + _kl_term(lp, ref_logprobs, kl_coef, kl_clamp, m, aux)
   loss = aggregate(per_token, m, aggregation, normalizer, segment_ids)
 
   aux.update(_common_aux(lp, adv, m, -objective, aggregation, normalizer, segment_ids))

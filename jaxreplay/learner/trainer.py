@@ -11,8 +11,9 @@ batch (up to float32 summation order), for every aggregation of `jaxreplay.learn
   token_mean     loss = sum_k (n_k / N) loss_k   n_k, N: valid tokens in micro-batch k / the batch
   sequence_mean  loss = sum_k (r_k / R) loss_k   r_k, R: rows with >= 1 valid token
   constant       loss = sum_k loss_k             each loss_k divides by the whole batch's normaliser
-Aux statistics combine by the kind `losses.AUX_KINDS` declares for each (sum, max, weighted by
-tokens, by rows, or like the loss); a statistic without a declared kind is an error, with any k.
+Aux statistics combine by the kind `losses.AUX_KINDS` (or the correction's row of
+`corrections.CORRECTIONS`) declares for each (sum, max, weighted by tokens, by rows, or like the
+loss); a statistic without a declared kind is an error, with any k.
 
 Packed batches (`Batch.packed`, `collate(..., pack=True)`): "rows" above are rollouts, i.e. (row,
 segment) pairs, and the default "constant" normaliser is (rollouts in the batch) * T, which equals
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Optional, Sequence
 
 import flax.struct
@@ -51,7 +53,6 @@ from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
 
-LOSSES = tuple(algorithms.ALGORITHMS)
 NONFINITE_CHECKS = ("grads", "updated")
 # trainer.sampling_logprobs: the trainer's log-probs of the rollouts' sampling distribution
 # ("processed": rollout.temperature / top_k / top_p applied to its own logits,
@@ -75,11 +76,14 @@ class TrainState:
 class LossFn:
   """One algorithm's loss: `loss_fn(logprobs [B, T], batch, ref_logprobs=None) -> (loss, aux)`.
 
-  Calls `algorithms.ALGORITHMS[name].loss` with the algorithm's options (its dataclass, e.g.
+  Calls `algorithms.loss(name, ...)` with the algorithm's options (its dataclass, e.g.
   `algorithms.GrpoOptions`; None = the defaults) and the off-policy correction `off_policy` (a
-  `corrections.OffPolicyOptions`; None = "none"). Build it with `make_loss_fn` (keyword options,
-  documented there, truncated importance sampling included) or `loss_fn_from_config`.
+  `corrections.OffPolicyOptions`; None = "none"). Build it with `make_loss_fn` (documented there,
+  truncated importance sampling included) or `loss_fn_from_config`.
 
+  The fields that apply to every algorithm: aggregation (`losses.aggregate`), kl_coef (the k3
+  penalty's weight to the frozen reference), kl_clamp (K > 0 clamps k3 as verl does, at 10;
+  0 = off: `losses.k3_kl`), normalizer ("constant"'s divisor, None = the batch's B * T).
   Holds only scalars and frozen dataclasses (hashable): the trainer never reads a config object.
   `aggregation` and `normalizer` tell the trainer how to weigh micro-batches, `needs_ref` whether
   the step needs reference log-probs.
@@ -90,6 +94,7 @@ class LossFn:
   normalizer: Optional[float] = None
   options: Any = None
   off_policy: Optional[corrections.OffPolicyOptions] = None
+  kl_clamp: float = 0.0
 
   def __post_init__(self):
     algorithm = algorithms.get(self.name)
@@ -110,50 +115,57 @@ class LossFn:
     if self.normalizer is not None and self.aggregation != "constant":
       raise ValueError("normalizer is only used with aggregation='constant', got "
                        f"{self.aggregation!r}")
+    if not 0.0 <= self.kl_clamp < math.inf:
+      raise ValueError(f"trainer.kl_clamp={self.kl_clamp}: expected 0 (off) or a finite bound "
+                       "K > 0 on the k3 KL per token (verl clamps at 10)")
 
   @property
   def needs_ref(self) -> bool:
     return self.kl_coef != 0.0
 
   def __call__(self, logprobs: jax.Array, batch: Batch, ref_logprobs: Optional[jax.Array] = None):
-    return algorithms.ALGORITHMS[self.name].loss(
-        logprobs, batch, ref_logprobs, aggregation=self.aggregation, normalizer=self.normalizer,
-        kl_coef=self.kl_coef, options=self.options, off_policy=self.off_policy)
+    return algorithms.loss(
+        self.name, logprobs, batch, ref_logprobs, aggregation=self.aggregation,
+        normalizer=self.normalizer, kl_coef=self.kl_coef, kl_clamp=self.kl_clamp,
+        options=self.options, off_policy=self.off_policy)
 
 
 def loss_fn_from_config(trainer_config) -> LossFn:
   """The loss of `config.trainer`: trainer.loss with its options (`algorithms.options_from_config`),
-  the off-policy correction (`corrections.options_from_config`), trainer.aggregation and
-  trainer.kl_coef. Raises ValueError naming a bad option (the config validation calls it)."""
-  return LossFn(name=trainer_config.loss, aggregation=trainer_config.aggregation,
-                kl_coef=float(trainer_config.kl_coef),
-                options=algorithms.options_from_config(trainer_config),
-                off_policy=corrections.options_from_config(trainer_config))
+  the off-policy correction (`corrections.options_from_config`), trainer.aggregation,
+  trainer.kl_coef and trainer.kl_clamp. Raises ValueError naming a bad option (the config
+  validation calls it)."""
+  return make_loss_fn(trainer_config.loss, algorithms.options_from_config(trainer_config),
+                      aggregation=trainer_config.aggregation,
+                      kl_coef=float(trainer_config.kl_coef),
+                      kl_clamp=float(trainer_config.kl_clamp),
+                      off_policy=corrections.options_from_config(trainer_config))
 
 
-def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: float = 0.2,
-                 eps_high: float = 0.2, kl_coef: float = 0.0, normalizer: Optional[float] = None,
-                 tis_cap: float = 0.0,
+def make_loss_fn(name: str = "grpo", options: Any = None, *, aggregation: str = "token_mean",
+                 kl_coef: float = 0.0, kl_clamp: float = 0.0, normalizer: Optional[float] = None,
                  off_policy: Optional[corrections.OffPolicyOptions] = None) -> LossFn:
   """The loss for `make_train_step`: an algorithm of `algorithms.ALGORITHMS` with its options.
 
   Args:
-    name: "grpo" (clipped ratio, `losses.grpo_loss`) or "asymre" (no ratio, `losses.asymre_loss`).
+    name: a name of `algorithms.ALGORITHMS` ("grpo": clipped ratio, `losses.grpo_loss`; "asymre":
+      no ratio, `losses.asymre_loss`).
+    options: that algorithm's options dataclass (`algorithms.GrpoOptions(eps_low=..., ...)`,
+      `algorithms.AsymreOptions(tau=...)`); None: its defaults (the paper's).
     aggregation: "token_mean" | "sequence_mean" | "constant" (see `losses.aggregate`).
-    eps_low, eps_high: GRPO's clip range [1 - eps_low, 1 + eps_high]; AsymRE ignores them.
     kl_coef: weight of the k3 KL penalty to the frozen reference params (the train state needs
       `init_train_state(..., with_ref_params=True)`).
+    kl_clamp: K > 0 clamps the per-token k3 at K as verl does (`losses.k3_kl`); 0 is off.
     normalizer: the "constant" divisor; None for the whole batch's B * T.
-    tis_cap: C > 0 turns on truncated importance sampling (see below); 0 is off and leaves the
-      loss exactly as without the option. Shorthand for off_policy=OffPolicyOptions(tis_cap=C).
-    off_policy: the off-policy correction (`corrections.OffPolicyOptions`: "tis", "mis_token",
-      "mis_sequence", "m2po", "decoupled"); None: none (or tis_cap's). Not together with tis_cap.
+    off_policy: the off-policy correction (`corrections.OffPolicyOptions`: "tis" (or tis_cap = C
+      alone), "mis_token", "mis_sequence", "m2po", "decoupled"); None: none.
 
-  Truncated importance sampling (TIS), tis_cap = C > 0. The usual TIS weight uses the trainer's
-  log-probs under the parameters of the version that generated each rollout; a replay trainer cannot
-  recompute those per rollout, so this uses its log-probs at the current params theta:
-  `losses.grpo_loss` gets tis_logprobs = stop_gradient(logprobs) and tis_cap = C, which computes per
-  valid token (lp = log pi_theta, the gradient flowing through it; A the row's advantage)
+  Truncated importance sampling (TIS), OffPolicyOptions(tis_cap=C) with C > 0 (or "tis" with
+  off_policy_cap C). The usual TIS weight uses the trainer's log-probs under the parameters of the
+  version that generated each rollout; a replay trainer cannot recompute those per rollout, so this
+  uses its log-probs at the current params theta: the correction (`corrections.truncated_is_weights`)
+  hands the loss, per valid token (lp = log pi_theta, the gradient flowing through it; A the row's
+  advantage),
     w    = stop_gradient(min(exp(lp - behaviour_lp), C)) = min(pi_theta / pi_sampler, C)
     rho  = exp(lp - stop_gradient(lp))                   = 1 in value, d rho / d lp = 1
     loss = -w * min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + kl_coef * k3   (-w A + ...)
@@ -173,19 +185,13 @@ def make_loss_fn(name: str = "grpo", aggregation: str = "token_mean", eps_low: f
   multiplies its REINFORCE term, -w A log pi_theta.
 
   Raises:
-    ValueError: an unknown name or aggregation, a normalizer without "constant", tis_cap < 0,
-      tis_cap together with off_policy, or tis_cap > 0 (or off_policy "tis" / "decoupled") with
-      GRPO's eps_low or eps_high 0.
+    ValueError: an unknown name or aggregation, a normalizer without "constant", a kl_clamp < 0,
+      or a proximal correction ("tis", "decoupled") with GRPO's eps_low or eps_high 0.
+    TypeError: options of another algorithm.
   """
-  options = algorithms.make_options(name, dict(eps_low=float(eps_low), eps_high=float(eps_high)))
-  if off_policy is None:
-    off_policy = corrections.OffPolicyOptions(tis_cap=float(tis_cap))
-  elif tis_cap:
-    raise ValueError(f"make_loss_fn: tis_cap={tis_cap} together with off_policy={off_policy}; "
-                     "set the cap in off_policy (OffPolicyOptions(tis_cap=...))")
   return LossFn(name=name, aggregation=aggregation, kl_coef=float(kl_coef),
                 normalizer=None if normalizer is None else float(normalizer), options=options,
-                off_policy=off_policy)
+                off_policy=off_policy, kl_clamp=float(kl_clamp))
 
 
 # ---- train state ------------------------------------------------------------------------------
@@ -210,7 +216,7 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
   """A TrainState at step 0, created directly in its sharded layout (no full copy on one device).
 
   params: None to initialise randomly from `rng` (`transformer.init_params`), or a pytree (e.g. from
-    `models.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
+    `hf_io.load_hf`) that is copied onto the mesh (the caller's arrays are left untouched), or,
     with donate_params=True, consumed: device arrays already in the target layout become the
     state's params without a second copy on device (the caller must not use them afterwards).
   with_ref_params: also keep a frozen copy of the initial params as the KL reference.
@@ -253,7 +259,7 @@ def init_train_state(model_cfg: ModelConfig, optimizer: optax.GradientTransforma
     return jax.jit(build_padded, out_shardings=shardings)(None, init_rng, state_rng)
   # A private sharded copy (unless donate_params), donated to the jit so that the state's params
   # reuse its buffers instead of holding one more copy on device. Params already in their padded
-  # storage shapes (e.g. `models.load_hf(..., shardings=...)`) are placed as they are.
+  # storage shapes (e.g. `hf_io.load_hf(..., shardings=...)`) are placed as they are.
   padded_in = jax.tree.map(lambda x, s: tuple(jnp.shape(x)) == tuple(s.shape), params, storage)
   if all(jax.tree.leaves(padded_in)):
     in_sh, donate = shardings.params, (0,)
@@ -293,17 +299,19 @@ def _global_norm(tree: Any) -> jax.Array:
 
 
 def _aux_kind(key: str) -> str:
-  """losses.AUX_KINDS[key], or an error that names the key and where to declare it."""
-  kind = losses.AUX_KINDS.get(key)
+  """The kind of statistic `key`: `losses.AUX_KINDS` (a loss's) or its correction's row of
+  `corrections.CORRECTIONS`; else an error that names the key and where to declare it."""
+  kind = losses.AUX_KINDS.get(key) or corrections.aux_kinds().get(key)
   if kind not in losses.AUX_KIND_NAMES:
     raise ValueError(
-        f"loss statistic {key!r} has no valid kind in jaxreplay.learner.losses.AUX_KINDS (got {kind!r}): "
-        f"declare there how it combines over micro-batches, one of {losses.AUX_KIND_NAMES}")
+        f"loss statistic {key!r} has no valid kind in jaxreplay.learner.losses.AUX_KINDS (got "
+        f"{kind!r}) nor in its correction's row of corrections.CORRECTIONS: declare there how it "
+        f"combines over micro-batches, one of {losses.AUX_KIND_NAMES}")
   return kind
 
 
 def _combine_aux(aux: dict, tok_w: jax.Array, row_w: jax.Array, loss_w: jax.Array) -> dict:
-  """Per-micro-batch aux [k] -> batch aux, each statistic by its kind in `losses.AUX_KINDS`.
+  """Per-micro-batch aux [k] -> batch aux, each statistic by its kind (`_aux_kind`).
 
   tok_w, row_w, loss_w: float32 [k], the micro-batches' shares of valid tokens, of rows with valid
   tokens, and of the loss.
@@ -332,7 +340,7 @@ def logprob_processing(config: Any) -> Optional[logprobs_lib.LogprobProcessing]:
 
 
 def step_options(trainer_config: Any) -> dict:
-  """`make_train_step`'s keyword options from the config's `trainer` section (config_defaults):
+  """`make_train_step`'s keyword options from the config's `trainer` section (config/defaults.py):
   compute_entropy (`trainer.log_entropy`), logprob_remat (`trainer.logprob_remat`) and
   nonfinite_check (`trainer.nonfinite_check`)."""
   return {"compute_entropy": bool(trainer_config.get("log_entropy", True)),
@@ -430,7 +438,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     or None (full fine-tuning).
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
     entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
-    of its keys needs a kind in `losses.AUX_KINDS`). A batch's staleness is the buffer's to report
+    of its keys needs a kind: `losses.AUX_KINDS`, or its correction's row). A batch's staleness is the buffer's to report
     (`ReplayBuffer.sample(..., current_version=)`), once.
   """
   if not isinstance(loss_fn, LossFn):

@@ -1,6 +1,6 @@
 """Architectures of the models users post-train, as published in their HF config.json files.
 
-Parameter counts are checked against transformers in tests/models/test_param_counts.py.
+Parameter counts are checked against transformers in tests/models/test_layout.py.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ handle the workers load with `load_weights`:
                  host, the HF-layout segment is written in the background and loaded through
                  vLLM's weight-transfer API. CPU engines: kernels stay in the trainer's layout,
                  the trainer copies them straight into the segment and each engine re-packs its
-                 linear layers from it (`rollout.vllm_direct_load`);
-          "file": an HF directory written per refresh by `WeightPublisher` (to /dev/shm).
+                 linear layers from it (`rollout.vllm.direct_load`);
+          "file": an HF directory written per refresh by `FilePublisher` (to /dev/shm).
           Each engine loads a refresh in one RPC.
 LoRA (model.lora_rank > 0, `lora=` the trainer's `learner.adapters.FrozenBase`): the published
 params are the adapters and only they travel, under the transport "lora" of the tables
@@ -26,12 +26,16 @@ With several trainer processes every process gathers full host copies first (a c
 
 Where the workers run (rollout.placement):
   - "local" (default): in this process (JAX samplers) or in child processes of this machine (vLLM).
-  - "ray": as Ray actors with declared resources (`rollout.ray_workers`: one placement group, a
+  - "ray": as Ray actors with declared resources (`rollout.ray.group`: one placement group, a
     bundle per worker; Ray restarts a dead actor and the pool re-attaches to it). Weights go
     through Ray's object store (`ObjectStorePublisher`: JAX samplers get the numpy parameter
     pytree, vLLM engines the HF state dict in rollout.vllm_dtype); rollout.weight_transport is not
     used. The async schedule gets one actor per worker (W), the simulated and sync schedules the
     one actor their local worker uses.
+
+Which workers and publishers exist, and every fact other layers need about a backend, is one
+record per backend in `rollout.backend_table.BACKENDS`; this module holds the factories its
+records name and `RolloutBackend`, which reads the record (no test of a backend's name here).
 """
 from __future__ import annotations
 
@@ -44,26 +48,24 @@ from absl import logging
 import jax
 
 from jaxreplay.infra import sharding
+from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.base import RolloutWorker, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.rollout.base import StaleWeights
 
-VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 EVAL_KEEP = 2  # versions the evaluation publisher keeps (shm, object store; 1 for HF dirs)
-WEIGHT_TRANSPORTS = ("shm", "file")
-PLACEMENTS = ("local", "ray")
 
 
-# ---- the tables: which publisher and which worker, by (rollout.backend, rollout.placement) ---------
+# ---- publisher factories (named by the records' `publishers`): f(backend, keep) -> Publisher -------
 
-def _device_copies(backend: "RolloutBackend", keep: int):
+def device_copies(backend: "RolloutBackend", keep: int):
   """JAX samplers in this process: device copies of the params (no host round trip)."""
   from jaxreplay.rollout.weights.publisher import DeviceCopyPublisher  # pylint: disable=g-import-not-at-top
   del keep
   return DeviceCopyPublisher(backend.model_cfg, copy=jax.process_count() == 1)
 
 
-def _shm_segments(backend: "RolloutBackend", keep: int):
+def shm_segments(backend: "RolloutBackend", keep: int):
   """vLLM engines of this machine, transport "shm". CPU engines re-pack every kernel from the
   trainer's [in, out] layout (`vllm.direct_load`): no transposes, written on the trainer's thread.
 
@@ -81,57 +83,53 @@ def _shm_segments(backend: "RolloutBackend", keep: int):
                       kernel_layout=kernel_layout, reserve_bytes=reserve)
 
 
-def _hf_dirs(backend: "RolloutBackend", keep: int):
+def hf_dirs(backend: "RolloutBackend", keep: int):
   """vLLM engines of this machine, transport "file": an HF directory per version."""
   from jaxreplay.rollout.weights.file_publisher import FilePublisher  # pylint: disable=g-import-not-at-top
   return FilePublisher(backend.model_cfg, backend.dtype, keep=keep)
 
 
-def _object_store(backend: "RolloutBackend", keep: int):
-  """Ray actors: the numpy params in their own dtype (JAX samplers, as in-process ones) or the HF
-  state dict in the engines' dtype (vLLM)."""
+def object_store_params(backend: "RolloutBackend", keep: int):
+  """Ray actors of JAX samplers: the numpy params in their own dtype (as in-process ones get)."""
   from jaxreplay.rollout.ray import publisher as ray_publisher  # pylint: disable=g-import-not-at-top
-  if backend.backend == "jax":
-    return ray_publisher.ObjectStorePublisher(backend.model_cfg, "params", None, keep=keep)
+  return ray_publisher.ObjectStorePublisher(backend.model_cfg, "params", None, keep=keep)
+
+
+def object_store_hf(backend: "RolloutBackend", keep: int):
+  """Ray actors of engines: the HF state dict in the engines' dtype."""
+  from jaxreplay.rollout.ray import publisher as ray_publisher  # pylint: disable=g-import-not-at-top
   return ray_publisher.ObjectStorePublisher(backend.model_cfg, "hf", backend.dtype, keep=keep)
 
 
-def _adapter_device_copies(backend: "RolloutBackend", keep: int):
+def adapter_device_copies(backend: "RolloutBackend", keep: int):
   """LoRA, JAX samplers in this process: the base with a device copy of the adapters attached."""
   from jaxreplay.rollout.weights.adapter_publisher import AdapterDeviceCopyPublisher  # pylint: disable=g-import-not-at-top
   del keep
   return AdapterDeviceCopyPublisher(backend.model_cfg, backend.lora)
 
 
-def _adapter_dirs(backend: "RolloutBackend", keep: int):
+def adapter_dirs(backend: "RolloutBackend", keep: int):
   """LoRA, vLLM engines of this machine: one PEFT adapter directory per version in /dev/shm, in
-  the engines' dtype."""
-  from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher  # pylint: disable=g-import-not-at-top
+  the engines' dtype. The first call also writes the base's HF directory the engines start from
+  (`backend.lora_model_dir`)."""
+  from jaxreplay.rollout.weights.adapter_publisher import AdapterDirPublisher, BaseModelDir  # pylint: disable=g-import-not-at-top
+  if backend.lora_model_dir is None:
+    backend.lora_model_dir = BaseModelDir(backend.model_cfg, backend.lora.params, backend.lora.path,
+                                          backend.dtype)
   return AdapterDirPublisher(backend.model_cfg, backend.lora.spec, backend.dtype,
                              keep=max(keep, 2), base_model_name_or_path=backend.lora.path)
 
 
-# (rollout.backend, rollout.placement, rollout.weight_transport or None where it has no say;
-# "lora" when only LoRA adapters travel)
-PUBLISHERS = {
-    ("jax", "local", None): _device_copies,
-    ("vllm", "local", "shm"): _shm_segments,
-    ("vllm", "local", "file"): _hf_dirs,
-    ("jax", "ray", None): _object_store,
-    ("vllm", "ray", None): _object_store,
-    ("jax", "local", "lora"): _adapter_device_copies,
-    ("vllm", "local", "lora"): _adapter_dirs,
-}
+# ---- worker factories (named by the records' `workers`): f(backend, index, weights) -> worker ------
 
-
-def _jax_sampler(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+def jax_sampler(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
   c = backend.config
   return JaxSampler(backend.model_cfg, weights.params, c.model.max_len,
                     batch_size=c.rollout.sampler_batch_size, eos_token_ids=backend.stop_ids,
                     seed=backend.worker_seed(index), policy_version=weights.version)
 
 
-def _vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+def vllm_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
   """A vLLM engine in its own process on this machine's worker GPUs (or CPU)."""
   from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
   settings = dict(backend.settings)
@@ -164,7 +162,7 @@ def _first_load(worker, index: int, weights: Weights) -> RolloutWorker:
   return worker
 
 
-def _vllm_lora_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+def vllm_lora_process(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
   """LoRA: a vLLM engine in its own process started from the base's HF directory with LoRA on,
   then given the version's adapter."""
   from jaxreplay.models.lora import vllm_max_lora_rank  # pylint: disable=g-import-not-at-top
@@ -189,27 +187,19 @@ def _worker_gpus_env(backend: "RolloutBackend", index: int) -> dict[str, str]:
   return {"CUDA_VISIBLE_DEVICES": ",".join(groups[index % len(groups)])}
 
 
-def _ray_actor(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
-  """Actor `index` of the Ray group (made on first use, re-attached after a restart)."""
+def ray_actor(backend: "RolloutBackend", index: int, weights: Weights) -> RolloutWorker:
+  """Actor `index` of the Ray group (made on first use, re-attached after a restart); what runs
+  in it is the record's `actor_host`."""
   return backend.ray_group.make_worker(index, weights)
 
 
-# (rollout.backend, rollout.placement[, "lora"]) -> the factory of worker `index` holding `weights`
-WORKERS = {
-    ("jax", "local"): _jax_sampler,
-    ("vllm", "local"): _vllm_process,
-    ("jax", "ray"): _ray_actor,
-    ("vllm", "ray"): _ray_actor,
-    ("jax", "local", "lora"): _jax_sampler,
-    ("vllm", "local", "lora"): _vllm_lora_process,
-}
-
-
 class RolloutBackend:
-  """Makes the rollout workers of one run and publishes weights to them (`PUBLISHERS`, `WORKERS`).
+  """Makes the rollout workers of one run and publishes weights to them, by the factories of its
+  record in `backend_table.BACKENDS`.
 
   Args:
-    config: the run config (rollout.backend resolved to "jax" or "vllm", rollout.*, model.max_len).
+    config: the run config (rollout.backend resolved: a name of `backend_table.BACKENDS`;
+      rollout.*, model.max_len).
     model_cfg: the policy's `ModelConfig`.
     stop_ids: token ids that end a completion (the tokenizer's eos ids).
     serves_workers: False on trainer processes other than 0 under the multi-process async
@@ -217,22 +207,25 @@ class RolloutBackend:
       collective) and returns a version-only handle, and `make_worker` refuses.
     lora: LoRA's `learner.adapters.FrozenBase` (its spec, params, path, model_params): `publish`
       then takes the adapters (transport "lora"); None for full weights.
+    num_actors: Ray actors under rollout.placement="ray" (`Schedule.num_actors(config)`: W for the
+      async schedule, 1 for the simulated and sync ones, whose one local worker it is).
   """
 
-  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True, lora=None):
+  def __init__(self, config, model_cfg, stop_ids, serves_workers: bool = True, lora=None,
+               num_actors: int = 1):
     self.config, self.model_cfg, self.stop_ids = config, model_cfg, tuple(stop_ids)
     self.serves_workers = bool(serves_workers)
     self.lora = lora
-    self.lora_model_dir = None  # LoRA + vLLM: the base's HF dir the engines start from
+    self.lora_model_dir = None  # LoRA on engines: the base's HF dir they start from (`adapter_dirs`)
+    self.num_actors = int(num_actors)
     self.backend = config.rollout.backend
-    if self.backend not in ("jax", "vllm"):
-      raise ValueError(f"rollout.backend={self.backend!r}: resolve 'auto' first "
-                       "(build.resolve_backend)")
+    self.record = rec = backend_table.record(self.backend)
     self.publisher = self._eval_publisher = None
     self.transport = None
     self.placement = config.rollout.get("placement", "local")
-    if self.placement not in PLACEMENTS:
-      raise ValueError(f"rollout.placement={self.placement!r}: expected one of {PLACEMENTS}")
+    if self.placement not in backend_table.placements():
+      raise ValueError(f"rollout.placement={self.placement!r}: expected one of "
+                       f"{backend_table.placements()}")
     self.ray_group = None
     on_cpu = jax.default_backend() == "cpu"
     if self.placement == "ray":  # the engines run where their bundles' GPUs (or none) are
@@ -240,30 +233,29 @@ class RolloutBackend:
       on_cpu = self.ray_gpus == 0
     self.engines_on_cpu = on_cpu
     self.startup_timeout_s = vllm_startup_timeout(config, on_cpu)
-    if self.backend == "vllm":
-      self.settings = vllm_engine_settings(config, on_cpu=on_cpu)
+    self.settings = None  # the engines' keyword arguments ("env", "dtype" included), if engines
+    if rec.engine_settings is not None:
+      self.settings = backend_table.load(rec.engine_settings)(config, on_cpu=on_cpu)
+    if rec.weight_transports:
       self.transport = config.rollout.weight_transport
-      if self.transport not in WEIGHT_TRANSPORTS:
+      if self.transport not in rec.weight_transports:
         raise ValueError(f"rollout.weight_transport={self.transport!r}: expected one of "
-                         f"{WEIGHT_TRANSPORTS}")
+                         f"{rec.weight_transports}")
     if lora is not None:
       self.transport = "lora"  # only the adapters travel (whatever rollout.weight_transport says)
-    local = (self.backend == "vllm" or lora is not None) and self.placement == "local"
-    self._publisher_key = (self.backend, self.placement, self.transport if local else None)
-    worker_key = (self.backend, self.placement) + (("lora",) if lora is not None else ())
-    if worker_key not in WORKERS or self._publisher_key not in PUBLISHERS:
+    # Under Ray the object store carries the weights, whatever the transport.
+    self._publisher_key = (self.placement, self.transport if self.placement == "local" else None)
+    worker_key = (self.placement,) + (("lora",) if lora is not None else ())
+    if worker_key not in rec.workers or self._publisher_key not in rec.publishers:
       raise ValueError(f"rollout.backend={self.backend!r} with rollout.placement="
                        f"{self.placement!r}{' and LoRA' if lora is not None else ''} is not built; "
                        "LoRA adapters reach local workers only (rollout.placement='local')")
-    self._make_worker = WORKERS[worker_key]
+    self._make_worker = backend_table.load(rec.workers[worker_key])
     if not self.serves_workers:
       return  # process 0 owns the workers (and Ray): nothing to start here
     try:
       if self.placement == "ray":
         self.ray_group = self._make_ray_group()
-      if lora is not None and self.backend == "vllm":
-        from jaxreplay.rollout.weights.adapter_publisher import BaseModelDir  # pylint: disable=g-import-not-at-top
-        self.lora_model_dir = BaseModelDir(model_cfg, lora.params, lora.path, self.dtype)
       self.publisher = self._make_publisher(keep=int(config.rollout.get("keep_versions", 3)))
     except BaseException:
       self.close()
@@ -271,16 +263,16 @@ class RolloutBackend:
 
   @property
   def evaluates_on_engines(self) -> bool:
-    """Whether evaluation runs on these workers (eval.backend "engines", or "auto" with vLLM), so
-    that an evaluation publisher will start beside the rollout one."""
+    """Whether evaluation runs on these workers (eval.backend "engines", or "auto" with a backend
+    whose record evaluates on its engines), so that an evaluation publisher will start beside the
+    rollout one."""
     c = self.config
     where = c.eval.get("backend", "auto") if "eval" in c else "trainer"
-    return bool(c.eval.num_problems) and (where == "engines" or
-                                          (where == "auto" and self.backend == "vllm"))
+    return bool(c.eval.num_problems) and backend_table.resolve_eval(where, self.backend) == "engines"
 
   @property
   def dtype(self) -> str:
-    """The engines' dtype, which weights are published in (vllm only)."""
+    """The engines' dtype, which weights are published in (backends with engine settings)."""
     return self.settings["dtype"]
 
   def publish(self, params, version: int) -> Weights:
@@ -297,14 +289,14 @@ class RolloutBackend:
     return self._publish(self._eval_publisher, params, version)
 
   def _make_publisher(self, keep: int):
-    return PUBLISHERS[self._publisher_key](self, keep)
+    return backend_table.load(self.record.publishers[self._publisher_key])(self, keep)
 
   def _make_ray_group(self):
     """The Ray actors' group (`rollout.ray.group.RayRolloutGroup`): connects to / starts Ray."""
     from jaxreplay.rollout.ray import group as ray_group  # pylint: disable=g-import-not-at-top
     c, r = self.config, self.config.rollout
-    env, engine_kwargs, config_files = {}, {}, {}
-    if self.backend == "vllm":
+    env, engine_kwargs, config_files, dtype = {}, {}, {}, "float32"
+    if self.settings is not None:  # engines: started from a config-only dir written on their node
       engine_kwargs = dict(self.settings)
       env = dict(engine_kwargs.pop("env"))
       dtype = engine_kwargs.pop("dtype")
@@ -312,13 +304,9 @@ class RolloutBackend:
     spec = ray_group.WorkerSpec(
         backend=self.backend, model_cfg=self.model_cfg, max_len=int(c.model.max_len),
         sampler_batch_size=int(r.sampler_batch_size), eos_token_ids=self.stop_ids, seed=int(c.seed),
-        dtype=self.settings["dtype"] if self.backend == "vllm" else "float32",
-        engine_kwargs=engine_kwargs, env=env, config_files=config_files)
-    # The async schedule drives W actors; the simulated and sync ones a single local worker.
-    from jaxreplay.run import schedules  # pylint: disable=g-import-not-at-top  (the run layer)
-    num_actors = schedules.schedule_class(c.scheduler.kind).num_actors(c)
+        dtype=dtype, engine_kwargs=engine_kwargs, env=env, config_files=config_files)
     return ray_group.RayRolloutGroup(
-        spec, num_actors, address=str(r.ray_address),
+        spec, self.num_actors, address=str(r.ray_address),
         num_cpus_per_worker=float(r.ray_num_cpus_per_worker),
         num_gpus_per_worker=self.ray_gpus,
         strategy=str(r.ray_placement_strategy), max_restarts=int(r.ray_max_restarts),
@@ -341,7 +329,7 @@ class RolloutBackend:
     return self.config.seed + 1000 * (index + 1)
 
   def make_worker(self, index: int, weights: Weights) -> RolloutWorker:
-    """A new worker `index` holding `weights` (`WORKERS[(backend, placement)]`)."""
+    """A new worker `index` holding `weights` (the record's worker factory of this placement)."""
     if not self.serves_workers:
       raise RuntimeError("rollout workers run on trainer process 0 only (multi-process async "
                          "schedule); this process has none")
@@ -362,9 +350,10 @@ class RolloutBackend:
 
 
 def ray_gpus_per_worker(config, on_cpu: bool) -> float:
-  """rollout.ray_num_gpus_per_worker with -1 (auto) resolved: vllm_tensor_parallel_size for vLLM
-  on a GPU machine (this process's JAX backend: `on_cpu` False), else 0. The vLLM engine settings
-  of Ray actors follow it (GPU settings when the actors get GPUs)."""
+  """rollout.ray_num_gpus_per_worker with -1 (auto) resolved: the backend's `gpus_per_worker` on a
+  GPU machine (this process's JAX backend: `on_cpu` False; vllm_tensor_parallel_size for vLLM, 0
+  for JAX samplers), else 0. The vLLM engine settings of Ray actors follow it (GPU settings when
+  the actors get GPUs)."""
   r = config.rollout
   gpus = float(r.ray_num_gpus_per_worker)
   if gpus >= 0:
@@ -372,7 +361,7 @@ def ray_gpus_per_worker(config, on_cpu: bool) -> float:
   if gpus != -1:
     raise ValueError(f"rollout.ray_num_gpus_per_worker={r.ray_num_gpus_per_worker}: expected -1 "
                      "(auto) or a count >= 0")
-  return float(r.vllm_tensor_parallel_size) if r.backend == "vllm" and not on_cpu else 0.0
+  return 0.0 if on_cpu else float(backend_table.record(r.backend).gpus_per_worker(r))
 
 
 def vllm_config_files(model_cfg, dtype: str) -> dict[str, bytes]:
@@ -452,8 +441,8 @@ def vllm_startup_timeout(config, on_cpu: bool) -> float:
 
 def _engine_dtype(value: str, on_cpu: bool) -> str:
   """rollout.vllm_dtype with "auto" resolved: float32 on CPU (the test backend), else bfloat16."""
-  if value not in VLLM_DTYPES:
-    raise ValueError(f"rollout.vllm_dtype={value!r}: expected one of {VLLM_DTYPES}")
+  if value not in backend_table.VLLM_DTYPES:
+    raise ValueError(f"rollout.vllm_dtype={value!r}: expected one of {backend_table.VLLM_DTYPES}")
   if value == "auto":
     return "float32" if on_cpu else "bfloat16"
   return value
@@ -462,7 +451,8 @@ def _engine_dtype(value: str, on_cpu: bool) -> str:
 def requests_per_call(config) -> int:
   """Whole requests (rollout.prompts_per_request prompts x group_size) one worker takes into one
   `generate` call, so that an engine runs full: rollout.prompts_in_flight // prompts_per_request,
-  or when 0 (auto) as many as fill rollout.vllm_max_num_seqs sequences (vllm) or one (jax).
+  or when 0 (auto) as many as fill rollout.vllm_max_num_seqs sequences (a backend whose record
+  `fills_engine`: vLLM) or one (the JAX sampler).
 
   Auto never takes more rollouts per call than the buffer holds (buffer.size, N): a call's requests
   land together, and rollouts beyond N would push each other out of the FIFO before any is used.
@@ -470,7 +460,7 @@ def requests_per_call(config) -> int:
   r = config.rollout
   if r.prompts_in_flight:
     return max(1, r.prompts_in_flight // r.prompts_per_request)
-  if r.backend != "vllm":
+  if not backend_table.record(r.backend).fills_engine:
     return 1
   request = r.prompts_per_request * r.group_size
   return max(1, min(r.vllm_max_num_seqs, config.buffer.size) // request)

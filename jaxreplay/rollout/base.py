@@ -66,15 +66,15 @@ class Weights:
   passes it on).
 
   version: the policy version; params: a parameter pytree for in-process JAX samplers (None
-  otherwise); hf_dir: an HF directory written by models.save_hf, for engines in other processes
+  otherwise); hf_dir: an HF directory written by hf_io.save_hf, for engines in other processes
   (transport "file"; None otherwise); shm_path: a shared-memory segment of HF tensors
-  (`rollout.shm_weights`, transport "shm"; None otherwise); cfg: the ModelConfig of params
+  (`rollout.weights.shm_format`, transport "shm"; None otherwise); cfg: the ModelConfig of params
   (optional); ready: None when the weights are complete, else a `concurrent.futures.Future` that
   the publisher settles when the segment is written (it is written off the trainer's thread).
   lora_dir: LoRA (model.lora_rank > 0) for vLLM engines: the version's adapter directory in PEFT's
   format (`rollout.weights.adapter_publisher`); the engine keeps its base and swaps the adapter.
-  object_ref: the Ray object-store copy (rollout.placement="ray", `rollout.ray_workers`): a
-  `concurrent.futures.Future` of the `ray_workers.StoredWeights` (settled, like `ready`, when the
+  object_ref: the Ray object-store copy (rollout.placement="ray", `rollout.ray.group`): a
+  `concurrent.futures.Future` of the `ray.publisher.StoredWeights` (settled, like `ready`, when the
   background `ray.put` is done), or such a record itself; None otherwise.
   `ready` and `object_ref` stay in this process: they are not compared, and `portable()` drops them.
   """
@@ -105,9 +105,17 @@ class Weights:
 
 
 class RolloutWorker(Protocol):
-  """What every backend implements."""
+  """What every backend implements.
+
+  policy_version: the version of the weights the worker holds.
+  call_count: generate calls so far, for a worker whose sampling noise follows them (the JAX
+    sampler: call k draws from fold_in(seed, sampling.seed, k)); assignable, so a resumed run (and
+    an evaluation) continues that noise stream. None for a worker without one (vLLM engines seed
+    each request themselves).
+  """
 
   policy_version: int
+  call_count: Optional[int]
 
   def generate(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams) -> list[Group]:
     """Samples `n` completions for each prompt (int32 [Lp] token arrays); one Group per prompt."""

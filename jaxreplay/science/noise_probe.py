@@ -64,9 +64,11 @@ from jaxreplay.config import validation
 from jaxreplay.run import build as build_lib
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.data import experience
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models.config import ModelConfig
 from jaxreplay.science import noise_stats
 from jaxreplay.infra import sharding
+from jaxreplay.learner import algorithms
 from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.rollout.base import SamplingParams, Weights
@@ -126,12 +128,13 @@ def layout_order(num_prompts: int, group_size: int, layout: str) -> np.ndarray:
 
 @dataclasses.dataclass
 class Parts:
-  """What the probe builds from a config (one device)."""
+  """What the probe builds from a config (one device). The train state is not a part: `build_parts`
+  returns it beside them, and its one owner, `train_on_policy`, hands the trained one back."""
   config: Any
   task: Any
   codec: Any
-  model_cfg: models.ModelConfig
-  state: Any
+  model_cfg: ModelConfig
+  param_shardings: Any  # the train state's params' (one device)
   train_step: Callable
   loss_fn: trainer.LossFn
   sampling: SamplingParams
@@ -140,8 +143,9 @@ class Parts:
   ref_params: Any
 
 
-def build_parts(c, workdir: str) -> Parts:
-  """Task, codec, model (warm-start), one-device mesh, train state and step, from config `c`."""
+def build_parts(c, workdir: str) -> tuple[Parts, Any]:
+  """(parts, the initial train state): task, codec, model (warm-start), one-device mesh, train
+  step, from config `c`."""
   validation.validate_config(c)
   task = build_lib.make_task(c.task)
   codec, _ = build_lib.load_codec(c, task, workdir)
@@ -149,7 +153,7 @@ def build_parts(c, workdir: str) -> Parts:
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   params = None
   if c.model.path:
-    _, params = models.load_hf(c.model.path, dtype=model_cfg.params_dtype)
+    _, params = hf_io.load_hf(c.model.path, dtype=model_cfg.params_dtype)
   t = c.trainer
   optimizer, lr_fn, loss_fn = build_lib.optimization(c)
   state = trainer.init_train_state(model_cfg, optimizer, jax.random.PRNGKey(c.seed), params=params,
@@ -163,10 +167,12 @@ def build_parts(c, workdir: str) -> Parts:
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
   buckets = tuple(b for b in c.trainer.buckets if b < c.model.max_len) + (c.model.max_len,)
   ref = jax.device_get(state.ref_params) if state.ref_params is not None else None
-  return Parts(config=c, task=task, codec=codec, model_cfg=model_cfg, state=state,
-               train_step=train_step, loss_fn=loss_fn, sampling=sampling,
-               advantage_fn=experience.make_advantage_fn(t.loss, options=loss_fn.options),
-               buckets=buckets, ref_params=ref)
+  parts = Parts(config=c, task=task, codec=codec, model_cfg=model_cfg,
+                param_shardings=state_sh.params, train_step=train_step, loss_fn=loss_fn,
+                sampling=sampling,
+                advantage_fn=experience.make_advantage_fn(t.loss, options=loss_fn.options),
+                buckets=buckets, ref_params=ref)
+  return parts, state
 
 
 def make_grad_fn(model_cfg, loss_fn: trainer.LossFn, chunk_size: int) -> Callable:
@@ -245,9 +251,10 @@ def combined_gradient(parts: Parts, grad_fn: Callable, params, rollouts: Sequenc
   return sum(w / total * g for w, g in zip(weights, grads)).astype(np.float32)
 
 
-def train_on_policy(parts: Parts, steps: int, keep_versions: set[int], grad_fn: Callable,
-                    minibatch: int) -> tuple[dict[int, Any], list[dict], dict]:
-  """K on-policy steps (N = B = R); returns ({version: host params}, per-step rows, check).
+def train_on_policy(parts: Parts, state, steps: int, keep_versions: set[int], grad_fn: Callable,
+                    minibatch: int) -> tuple[Any, dict[int, Any], list[dict], dict]:
+  """K on-policy steps (N = B = R) from train state `state` (consumed: the steps donate it);
+  returns (the trained state, {version: host params}, per-step rows, check).
 
   The check compares the norm of the probe's gradient of the first training batch (accumulated
   over minibatches of `minibatch` rows by `combined_gradient`) with the train step's own grad_norm
@@ -257,11 +264,10 @@ def train_on_policy(parts: Parts, steps: int, keep_versions: set[int], grad_fn: 
   b, g = c.buffer.batch_size, c.rollout.group_size
   prompts_per_step = -(-b // g)
   source = experience.PromptSource(parts.task, c.seed)
-  sampler = JaxSampler(parts.model_cfg, jax.tree.map(jnp.copy, parts.state.params), c.model.max_len,
+  sampler = JaxSampler(parts.model_cfg, jax.tree.map(jnp.copy, state.params), c.model.max_len,
                        batch_size=c.rollout.sampler_batch_size, eos_token_ids=codec.stop_ids,
                        seed=c.seed + TRAIN_SAMPLER_SEED_OFFSET)
   snapshots, rows, check = {}, [], {}
-  state = parts.state
   for step in range(steps + 1):
     if step in keep_versions:
       snapshots[step] = jax.device_get(state.params)
@@ -287,8 +293,7 @@ def train_on_policy(parts: Parts, steps: int, keep_versions: set[int], grad_fn: 
                  "loss": m["loss"], "grad_norm": m["grad_norm"],
                  "learning_rate": m.get("learning_rate", math.nan),
                  "entropy": m.get("entropy", math.nan)})
-  parts.state = state
-  return snapshots, rows, check
+  return state, snapshots, rows, check
 
 
 def resolve_minibatch(requested: int, batch_size: int, group_size: int) -> int:
@@ -337,7 +342,7 @@ def probe_gradients(c, parts: Parts, grad_fn: Callable, plan: ProbePlan, snapsho
   number of parameters)."""
   g_size, b_probe, n_mb = c.rollout.group_size, plan.minibatch, plan.num_minibatches
   # Params in the train state's layout, so the sampler and gradient reuse their compilations.
-  param_sh = jax.tree.map(lambda x: x.sharding, parts.state.params)
+  param_sh = parts.param_shardings
   theta_t = jax.device_put(snapshots[k_steps], param_sh)
   probe_problems = [p for _, p in experience.PromptSource(
       parts.task, c.seed + PROBE_PROMPT_SEED_OFFSET).take(plan.rollouts // g_size)]
@@ -431,7 +436,8 @@ def fit_record(e: dict) -> Optional[dict]:
 
 
 def config_record(c) -> dict:
-  """The probed run's settings, as the result record holds them."""
+  """The probed run's settings, as the result record holds them (with the loss's options, e.g.
+  GRPO's eps_low and eps_high: `algorithms.options_from_config`)."""
   return {
       "task": c.task.name, "model_path": c.model.path or f"preset:{c.model.preset}",
       "loss": c.trainer.loss, "aggregation": c.trainer.aggregation,
@@ -439,7 +445,7 @@ def config_record(c) -> dict:
       "warmup_steps": c.trainer.warmup_steps, "total_steps": c.total_steps,
       "batch_size": c.buffer.batch_size, "group_size": c.rollout.group_size,
       "max_tokens": c.rollout.max_tokens, "temperature": c.rollout.temperature,
-      "eps_low": c.trainer.eps_low, "eps_high": c.trainer.eps_high,
+      **dataclasses.asdict(algorithms.options_from_config(c.trainer)),
       "mu": float(c.scheduler.mu), "seed": c.seed,
   }
 
@@ -451,13 +457,14 @@ def run_probe(c, settings: ProbeSettings, log: Callable[[str], None] = print) ->
   grid, k_steps = plan.grid, settings.steps
 
   with tempfile.TemporaryDirectory(prefix="probe_sigma_") as workdir:
-    parts = build_parts(c, workdir)
+    parts, state = build_parts(c, workdir)
   grad_fn = make_grad_fn(parts.model_cfg, parts.loss_fn, c.trainer.logprob_chunk)
   log(f"training {k_steps} on-policy steps (B = R = N = {c.buffer.batch_size}, "
       f"G = {c.rollout.group_size}, lr {c.trainer.learning_rate:g} {c.trainer.schedule}) ...")
   t0 = time.perf_counter()
-  snapshots, train_rows, check = train_on_policy(parts, k_steps, {k_steps - s for s in grid},
-                                                 grad_fn, plan.minibatch)
+  _, snapshots, train_rows, check = train_on_policy(parts, state, k_steps,
+                                                    {k_steps - s for s in grid}, grad_fn,
+                                                    plan.minibatch)
   train_s = time.perf_counter() - t0
   log(f"  {train_s:.1f} s; reward mean first/last step {train_rows[0]['reward_mean']:.3f} / "
       f"{train_rows[-1]['reward_mean']:.3f}; gradient check (relative difference of norms): "

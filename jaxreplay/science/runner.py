@@ -129,23 +129,26 @@ def plan_sweep(sweep: sweeps_lib.Sweep, seeds: int, quick: bool = False,
   if base.eval.num_problems < sweeps_lib.EVAL_PROBLEMS and not quick:
     print(f"note: the task of {config_path} holds fewer than {sweeps_lib.EVAL_PROBLEMS} held-out "
           f"problems: {sweep.name} evaluates on {base.eval.num_problems}")
+  if budget is None and sweep.budget is not None and not quick:
+    budget = sweep.budget
   if budget is None:
     own = float(base.get("compute_budget", 0.0) or 0.0)
     updates = sweeps_lib.QUICK_BUDGET_UPDATES if quick else sweep.budget_updates
     budget = own if own > 0 and not quick else updates * sweeps_lib.update_seconds(base)
   budget = float(f"{budget:.6g}")
   points = sweeps_lib.QUICK_GRID_POINTS if quick else sweep.grid_points
-  grid = sweeps_lib.compute_grid(budget, points)
+  grid = sweeps_lib.compute_grid(budget, points, sweep.grid_first)
   arms, specs = {}, []
   for arm in sweep.arms:
     c = ml_collections.ConfigDict(base.to_dict())
+    protocol = sweeps_lib.resolve(sweep.protocol, c) if not quick else []
     own_overrides = sweeps_lib.resolve(arm.overrides, c)
     run_end = [("compute_budget", budget), ("eval.compute_grid", grid),
                ("eval.passk_grid", sweeps_lib.passk_grid(grid)),
                ("total_steps", sweeps_lib.total_steps_cap(budget, c))]
     sweeps_lib.apply(c, run_end)
     # One flag per key (a repeated --config.KEY flag is not "last one wins"): later values replace.
-    run_overrides = list(dict(common + own_overrides + run_end).items())
+    run_overrides = list(dict(common + protocol + own_overrides + run_end).items())
     arms[arm.name] = {"overrides": [[k, v] for k, v in own_overrides],
                       "baseline": sweep.baseline_of(arm), "family": arm.family,
                       "tags": {k: v for k, v in arm.tags}}
@@ -531,8 +534,8 @@ def _run(out: str, plans: list[tuple[dict[str, Any], str]], runner: Runner, para
   failed = [] if report_only else execute(specs, out, runner=runner, parallel=parallel,
                                           on_finish=lambda: write_results(out))
   results = write_results(out)
-  from jaxreplay.science import plots as experiment_plots  # pylint: disable=g-import-not-at-top  (matplotlib)
-  paths = experiment_plots.plot_all(results, os.path.join(out, "figures"))
+  from jaxreplay.science import plots  # pylint: disable=g-import-not-at-top  (matplotlib)
+  paths = plots.plot_all(results, os.path.join(out, "figures"))
   print(f"wrote {os.path.join(out, 'results.json')} and {len(paths)} figures in "
         f"{os.path.join(out, 'figures')}")
   if failed:

@@ -64,9 +64,14 @@ class Sweep:
     budget_updates: the compute budget in on-policy updates of the base config, used when the base
       config has no `compute_budget` of its own (`--budget` replaces both) [updates].
     grid_points: evaluation points on the compute axis besides 0 (geometric, dense early).
+    grid_first: the first of them, as a fraction of the budget (`compute_grid`).
     figure: the sweep-specific figure: "" | "final_peak" | "pareto" | "grid".
     figure_x: the x axis of the "final_peak" figure: a per-run statistic of results.json
       ("buffer/replay_ratio", measured) or a tag name ("N/B").
+    budget: the compute budget in device-seconds, replacing the base config's own and
+      `budget_updates` (`--budget` still replaces it); None: not fixed by the sweep.
+    protocol: (dotted config key, value) pairs every arm of this sweep gets after `COMMON` and
+      before its own overrides (the sweep's evaluation and speed settings).
   """
   name: str
   description: str
@@ -76,8 +81,11 @@ class Sweep:
   config: str = DEFAULT_CONFIG
   budget_updates: float = 400.0
   grid_points: int = 7
+  grid_first: float = 1 / 64
   figure: str = ""
   figure_x: str = ""
+  budget: Optional[float] = None
+  protocol: tuple[tuple[str, Value], ...] = ()
 
   def arm(self, name: str) -> Arm:
     for a in self.arms:
@@ -241,7 +249,7 @@ def _sync_grid() -> Sweep:
 
 LARGE_BATCH_CONFIG = "configs/scratchpad_large_batch.py"
 # The adaptive family: the reuse controller over the positive-bias buffer (the best fixed design of
-# the update-limited regime); at rho = 1 it trains on the newest unused rollouts (run.reuse).
+# the update-limited regime); at rho = 1 it trains on the newest unused rollouts (data.reuse).
 ADAPTIVE: tuple[tuple[str, Value], ...] = (("buffer.reuse_control", "adaptive"),
                                            ("buffer.positive_fraction", 0.5))
 PARETO_LR_FACTORS = (1.0, 3.0, 10.0)
@@ -255,10 +263,11 @@ def _lr_arm(family: str, factor: float, overrides: tuple = (), baseline: str = "
              tags=(("lr_factor", factor),))
 
 
-def _pareto() -> Sweep:
-  """The decisive sweep (issue 26): each family at its own learning rates in the update-limited
-  regime (`configs/scratchpad_large_batch.py`: B = 512 >= the noise scale), paired with on-policy at
-  the same rate; the summary reads each family's best rate and whether the grid brackets it."""
+def _pareto_i26() -> Sweep:
+  """Issue 26's decisive sweep, kept as it ran (its runs are cited by EXPERIMENTS.md): each family
+  at its own learning rates in the update-limited regime (`configs/scratchpad_large_batch.py`: B =
+  512 >= the noise scale) to 100 on-policy updates, pass@1 on 256 held-out problems at the inner
+  grid points; superseded by `pareto` (issue 37: longer budget, every problem at a dense grid)."""
   families = (("onpolicy", ON_POLICY), ("replay", ()),
               ("posbias", (("buffer.positive_fraction", 0.5),)),
               ("adaptive", ADAPTIVE),
@@ -266,12 +275,61 @@ def _pareto() -> Sweep:
               ("maxuses2", (("buffer.max_uses", 2),)))
   arms = tuple(_lr_arm(name, f, overrides) for name, overrides in families
                for f in PARETO_LR_FACTORS)
-  return Sweep("pareto", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5), "
-               "the adaptive reuse controller and max_uses 2, each over a learning-rate grid that brackets its "
-               "best rate, in the update-limited regime (B = 512 at or above the gradient noise "
-               "scale); equal compute (100 on-policy updates).", arms,
+  return Sweep("pareto_i26", "Issue 26: on-policy, plain replay, positive-bias replay (delta 0.5), "
+               "the adaptive reuse controller (issue 26's) and max_uses 2, each over a learning-rate "
+               "grid that brackets its best rate, in the update-limited regime (B = 512 at or above "
+               "the gradient noise scale); equal compute (100 on-policy updates).", arms,
                baseline=f"onpolicy_lr{_fmt(PARETO_LR_FACTORS[0])}x", min_seeds=4,
-               config=LARGE_BATCH_CONFIG, figure="pareto")
+               config=LARGE_BATCH_CONFIG, figure="pareto", budget=12544.0)
+
+
+# Issue 37's protocol of the decisive sweeps: 200 on-policy updates (on-policy flattens: its last
+# quarter gains < 0.01 pass@1, experiments/plans/pareto_budget_probe.md), pass@1 on every held-out
+# problem at 22 grid points 2^(1/3) apart from 1/128 of the budget (so that compute to a target is
+# read between points 26% apart, never across a doubling), and the simulated schedule's batched
+# generation (`scheduler.generation_batch`, auto) with a 56-token bucket (speed only: the same
+# rollouts and updates up to float rounding).
+DECISIVE_UPDATES = 200.0
+DECISIVE_GRID_POINTS = 22
+DECISIVE_GRID_FIRST = 1 / 128
+DECISIVE_PROTOCOL: tuple[tuple[str, Value], ...] = (
+    ("eval.pass1_problems", 0),
+    ("scheduler.generation_batch", 0),
+    ("trainer.buckets", (48, 56, 64)),
+)
+# The families of the decisive sweep (issue 37): the baseline and the fixed replay designs.
+DECISIVE_FAMILIES: tuple[tuple[str, tuple], ...] = (
+    ("onpolicy", ON_POLICY), ("replay", ()),
+    ("posbias", (("buffer.positive_fraction", 0.5),)),
+    ("maxuses2", (("buffer.max_uses", 2),)),
+)
+
+
+def _pareto() -> Sweep:
+  """The decisive sweep (issues 26, 37): each family at its own learning rates in the
+  update-limited regime (`configs/scratchpad_large_batch.py`: B = 512 >= the noise scale), paired
+  with on-policy at the same rate, to a budget at which on-policy has flattened; the summary reads
+  each family's best rate, whether the grid brackets it, and its compute to each target."""
+  arms = tuple(_lr_arm(name, f, overrides) for name, overrides in DECISIVE_FAMILIES
+               for f in PARETO_LR_FACTORS)
+  budget = DECISIVE_UPDATES * update_seconds(_large_batch_base())
+  return Sweep("pareto", "Issue 37: on-policy (LIFO) against the replay designs, each over a "
+               "learning-rate grid that brackets its best rate, in the update-limited regime "
+               "(B = 512 at or above the gradient noise scale); equal compute (200 on-policy "
+               "updates, where on-policy has flattened), pass@1 on all held-out problems at a "
+               "dense grid.", arms, baseline=f"onpolicy_lr{_fmt(PARETO_LR_FACTORS[0])}x",
+               min_seeds=6, config=LARGE_BATCH_CONFIG, figure="pareto", budget=budget,
+               grid_points=DECISIVE_GRID_POINTS, grid_first=DECISIVE_GRID_FIRST,
+               protocol=DECISIVE_PROTOCOL)
+
+
+@functools.lru_cache(maxsize=None)
+def _large_batch_base() -> ml_collections.ConfigDict:
+  """configs/scratchpad_large_batch.py's config (its update cost sets the decisive budget)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import runpy  # pylint: disable=g-import-not-at-top
+  repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+  return runpy.run_path(os.path.join(repo, LARGE_BATCH_CONFIG))["get_config"]()
 
 
 STABILITY_LR_FACTORS = (1.0, 2.0, 3.0)
@@ -333,6 +391,7 @@ def _sweeps() -> dict[str, Sweep]:
       _mu_sweep(),
       _lr_sweep(),
       _sync_grid(),
+      _pareto_i26(),
       _pareto(),
       _stability(),
       _offpolicy_screen(),

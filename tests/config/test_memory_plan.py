@@ -1,4 +1,5 @@
-"""`--dry_run`'s memory plan and the GPU split, on 8 emulated CPU devices (see conftest.py)."""
+"""`--dry_run`'s memory plan, on 8 emulated CPU devices (see conftest.py); the GPU split:
+tests/config/test_devices.py."""
 import json
 import os
 import subprocess
@@ -10,15 +11,13 @@ import pytest
 from ml_collections import config_flags  # noqa: F401  (the configs import ml_collections)
 
 from jaxreplay.learner import batch as batch_lib
-from jaxreplay.config import devices
 from jaxreplay.config import memory_plan
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
-from jaxreplay.config.defaults import base_config
 from jaxreplay.models import presets
+from tests.helpers.paths import REPO
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GPU_CONFIGS = ("qwen3_0_6b", "qwen3_8b", "qwen2_5_7b", "llama3_2_3b")
 SPLITS = ((5, 3), (6, 2), (4, 4))  # the paper's (W, T) on one 8-GPU node
 H200_GIB = 141.0
@@ -26,7 +25,7 @@ H200_GIB = 141.0
 
 def _config(name):
   import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
@@ -98,49 +97,13 @@ def test_dry_run_command_writes_plan_json(tmp_path):
   cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/qwen2_5_7b.py",
          f"--workdir={tmp_path}", "--dry_run", "--config.task.path=/nonexistent.jsonl",
          f"--config.devices.memory_gib={H200_GIB}"]
-  out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   plan = json.load(open(tmp_path / "plan.json"))
   assert plan["devices"]["trainer_devices"] == 3 and plan["fits"]
   assert set(plan["per_device_bytes"]) >= {"params", "opt_state", "grads", "activations", "total"}
   assert "per device" in out.stdout and "fits: True" in out.stdout
   assert not [l for l in out.stderr.splitlines() if "Warning" in l or "WARNING" in l], out.stderr
-  small = subprocess.run(cmd[:-1] + ["--config.devices.memory_gib=24"], cwd=ROOT, env=env,
+  small = subprocess.run(cmd[:-1] + ["--config.devices.memory_gib=24"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
   assert small.returncode == 3 and "DoesNotFit" in small.stderr, small.stderr[-2000:]
-
-
-def _gpu_config(**kw):
-  c = base_config()
-  c.rollout.backend = "vllm"
-  for k, v in kw.items():
-    section, key = k.split("__")
-    c[section][key] = v
-  return c
-
-
-def test_gpu_split_defaults_and_explicit():
-  c = _gpu_config(trainer__num_devices=3, rollout__num_workers=5)
-  gpus = tuple(str(i) for i in range(8))
-  s = devices.split_gpus(c, gpus)
-  assert s.trainer == ("0", "1", "2") and s.workers == ("3", "4", "5", "6", "7")
-  c = _gpu_config(trainer__num_devices=2, rollout__num_workers=3, devices__trainer="6,7",
-                  devices__workers="0,1,2")
-  s = devices.split_gpus(c, gpus)
-  assert s.trainer == ("6", "7") and [s.worker_gpus(i) for i in range(3)] == [("0",), ("1",), ("2",)]
-  env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
-  devices.apply_to_environment(c, env)
-  assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["JAXREPLAY_WORKER_GPUS"] == "0,1,2"
-  assert devices.apply_to_environment(c, {"CUDA_VISIBLE_DEVICES": ""}) is None  # no GPU: no change
-
-
-@pytest.mark.parametrize("kw,match", [
-    (dict(trainer__num_devices=3, devices__trainer="0,1"), "trainer.num_devices=2"),
-    (dict(trainer__num_devices=3, rollout__num_workers=6), "lower rollout.num_workers to 5"),
-    (dict(trainer__num_devices=2, devices__trainer="0,1", devices__workers="1,2"), "both"),
-    (dict(trainer__num_devices=2, devices__trainer="0,9"), "not visible"),
-    (dict(devices__trainer="0;1"), "comma-separated"),
-])
-def test_gpu_split_errors_name_the_fix(kw, match):
-  with pytest.raises(ValueError, match=match):
-    devices.split_gpus(_gpu_config(**kw), tuple(str(i) for i in range(8)))

@@ -324,3 +324,49 @@ def test_bad_options_and_config_validation():
   c.buffer.on_policy, c.buffer.priority = False, "lru"
   with pytest.raises(ValueError, match="buffer.priority='lru'"):
     validation.validate_config(c)
+
+
+# ---- the sampler table -------------------------------------------------------------------------
+
+
+def test_a_new_sampler_is_one_table_entry(monkeypatch):
+  """A toy sampler (the oldest B held) added to `samplers.SAMPLERS` only: the buffer draws with it
+  (its bookkeeping, here max_uses, still the storage's), validation accepts its name; removed, the
+  name is refused again."""
+  from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
+
+  class Oldest:
+    consumes = False
+
+    def draw(self, held, rng, batch_size):
+      del rng
+      return held.slots(np.arange(batch_size, dtype=np.int64))
+
+  monkeypatch.setitem(samplers.SAMPLERS, "oldest", lambda options: Oldest())
+  buf = buffer.ReplayBuffer(8, seed=0, priority="oldest", max_uses=1)
+  buf.add([rollout(i) for i in range(6)])
+  assert [r.uid for r in buf.sample(2)] == [0, 1]
+  assert [r.uid for r in buf.sample(2)] == [2, 3]  # the first two were retired after one use
+  assert buf.metrics()["buffer/retired"] == 4
+  c = defaults.base_config()
+  c.buffer.priority = "oldest"
+  validation.validate_config(c)
+  monkeypatch.undo()
+  with pytest.raises(ValueError, match=r"buffer.priority='oldest': expected one of \('uniform', "
+                                       r"'fresh'\)"):
+    validation.validate_config(c)
+
+
+def test_newest_unused_wraps_the_configured_sampler():
+  """The reuse controller's mode takes the newest B never-used rollouts while B are unused, then
+  falls back to the priority's draw (here the same draws as a buffer that never switched)."""
+  a = buffer.ReplayBuffer(16, seed=3)
+  b = buffer.ReplayBuffer(16, seed=3)
+  for buf in (a, b):
+    buf.add([rollout(i) for i in range(6)])
+  a.set_newest_unused(True)
+  assert [r.uid for r in a.sample(2)] == [5, 4]
+  assert [r.uid for r in a.sample(2)] == [3, 2]
+  assert [r.uid for r in a.sample(2)] == [1, 0]
+  for _ in range(5):  # every rollout used: the uniform draws, from the untouched RNG stream
+    assert [r.uid for r in a.sample(3)] == [r.uid for r in b.sample(3)]

@@ -1,6 +1,6 @@
-"""Reward plug-ins for the tests (`task.reward_fn="reward_plugins:NAME"`): importable by name in the
-reward child processes (tests/helpers/ is on the parent's sys.path, pyproject.toml's pytest
-pythonpath, which a child inherits)."""
+"""Reward plug-ins for the tests (`task.reward_fn="tests.helpers.reward_plugins:NAME"`): importable
+by name in the reward child processes (the repository root is on the parent's sys.path, from
+pyproject.toml's pytest pythonpath, which a child inherits; a launched run gets it on PYTHONPATH)."""
 import os
 import time
 

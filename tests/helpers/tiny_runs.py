@@ -10,7 +10,9 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.helpers.paths import REPO
+
+
 SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
 
 SHORT = [

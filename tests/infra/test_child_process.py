@@ -15,8 +15,8 @@ import time
 import pytest
 
 from jaxreplay.infra.child_process import ChildDied, ChildProcess, ChildTimeout
+from tests.helpers.paths import REPO
 
-_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 _ENV_AT_IMPORT = os.environ.get("JAXREPLAY_CHILD_TEST")  # read in the child when it imports us
 
 
@@ -211,7 +211,7 @@ def test_script_without_main_guard(tmp_path):
       left_open = ChildProcess("collections:Counter", startup_timeout_s=60)
       print("left open", left_open.pid, flush=True)
       """))
-  env = dict(os.environ, PYTHONPATH=_REPO)
+  env = dict(os.environ, PYTHONPATH=REPO)
   out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=120, cwd=str(tmp_path))
   assert out.returncode == 0, out.stderr
@@ -230,15 +230,13 @@ def test_child_busy_in_a_call_exits_when_its_parent_is_killed(tmp_path):
   pid_file = tmp_path / "child.pid"
   script = tmp_path / "parent.py"
   script.write_text(textwrap.dedent(f"""\
-      import sys
-      sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
       from jaxreplay.infra.child_process import ChildProcess
-      child = ChildProcess("test_child_process:Server", kwargs=dict(pid_file={str(pid_file)!r}),
-                           startup_timeout_s=60)
+      child = ChildProcess("tests.infra.test_child_process:Server",
+                           kwargs=dict(pid_file={str(pid_file)!r}), startup_timeout_s=60)
       print("ready", flush=True)
       child.call("sleep", (300,))
       """))
-  env = dict(os.environ, PYTHONPATH=_REPO)
+  env = dict(os.environ, PYTHONPATH=REPO)
   parent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             text=True)
   try:

@@ -12,8 +12,7 @@ import pytest
 
 from jaxreplay.infra import safety
 from jaxreplay.learner.batch import Rollout
-
-_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.helpers.paths import REPO
 
 
 def test_lock_is_exclusive_and_released(tmp_path):
@@ -30,7 +29,7 @@ def test_lock_is_exclusive_and_released(tmp_path):
 def test_lock_held_by_another_process_and_taken_over_after_kill(tmp_path, caplog):
   script = textwrap.dedent(f"""\
       import sys, time
-      sys.path.insert(0, {_REPO!r})
+      sys.path.insert(0, {REPO!r})
       from jaxreplay.infra import safety
       safety.WorkdirLock({str(tmp_path)!r}).acquire()
       print("locked", flush=True)
@@ -56,7 +55,7 @@ def test_lock_held_by_another_process_and_taken_over_after_kill(tmp_path, caplog
 def test_first_signal_requests_a_stop_second_exits_at_once():
   script = textwrap.dedent(f"""\
       import os, signal, sys, time
-      sys.path.insert(0, {_REPO!r})
+      sys.path.insert(0, {REPO!r})
       from jaxreplay.infra import safety
       with safety.StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -13,12 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require
+from tests.helpers import tolerances
+from tests.helpers.deps import require
+from tests.helpers.tiny_runs import ENV, REPO, comparable, launch_cmd, read_rows, run_launch
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
-
-from tiny_runs import ENV, REPO, comparable, launch_cmd, read_rows, run_launch
-import tolerances
 
 
 def check_common(rows, total=6):
@@ -52,14 +51,15 @@ def test_simulated_jax_replays_and_is_deterministic(tmp_path, tiny_reference_run
   # The HF export loads in transformers and gives our logits.
   transformers = require("transformers")
   torch = require("torch")
-  from jaxreplay import models
+  from jaxreplay.models import hf_io
+  from jaxreplay.models import transformer
   assert os.listdir(os.path.join(b, "checkpoints")) == ["6"]  # checkpoint.every=0: the end only
   assert os.path.isfile(os.path.join(b, "hf", "model.safetensors"))  # export_hf_every=4
   hf = os.path.join(a, "hf")
   model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
-  cfg, params = models.load_hf(hf)
+  cfg, params = hf_io.load_hf(hf)
   tokens = np.array([[1, 5, 6, 7, 8, 9]], np.int32)
-  ours = np.asarray(models.apply(cfg, params, tokens))
+  ours = np.asarray(transformer.apply(cfg, params, tokens))
   theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.detach().numpy()
   # JAX vs torch: each logit sums hidden_size-wide products in every layer, in another order.
   np.testing.assert_allclose(ours, theirs, rtol=0, atol=tolerances.close(
@@ -227,19 +227,3 @@ def test_a_rejected_rerun_changes_nothing(tmp_path, tiny_reference_run):
   assert "buffer.batch_size (B=512)" in out.stderr
   for name, text in before.items():
     assert open(os.path.join(workdir, name)).read() == text, name
-
-
-def test_auto_backend_resolves_to_vllm_only_when_installed(monkeypatch):
-  import importlib.util
-  from jaxreplay.run import build
-  from jaxreplay.config.defaults import base_config
-  real = importlib.util.find_spec
-  for installed, expect in ((True, "vllm"), (False, "jax")):
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, _i=installed: (real("json") if _i else None)
-                        if name == "vllm" else real(name, *a))
-    c = base_config()
-    c.rollout.backend = "auto"
-    assert build.resolve_backend(c) == expect and c.rollout.backend == expect
-  c.rollout.backend = "jax"
-  assert build.resolve_backend(c) == "jax"

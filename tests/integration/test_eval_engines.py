@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from jaxreplay.infra import checkpoint as checkpoint_lib
-from conftest import require
-from tiny_runs import REPO, comparable, read_rows, run_launch
+from tests.helpers.deps import require
+from tests.helpers.tiny_runs import REPO, comparable, read_rows, run_launch
 
 pytestmark = pytest.mark.slow  # whole runs
 
@@ -146,7 +146,8 @@ def test_vllm_eval_runs_on_the_engine_and_matches_the_jax_sampler(tmp_path, monk
   pipeline_lib.run(c, workdir)
 
   parts = parts_seen[0]
-  assert c.eval.backend == "engines" and parts.eval_sampler is None  # no KV cache on the trainer
+  assert parts.config.eval.backend == "engines" and parts.generation.eval_sampler is None  # no trainer KV cache
+  assert c.eval.backend == "auto"  # the caller's config is not mutated (the run resolved a copy)
   assert len(engines) == 1 and type(engines[0]).__name__ == "VllmWorkerProcess"
   eval_seeds = (c.seed + 7919, c.seed + 7920)
   evals = [k for k in calls if k[4] in eval_seeds]

@@ -3,7 +3,8 @@
 After each fault the run either resumes and ends exactly where an uninterrupted run ends (metric
 rows, buffer, prompt cursor, simulated clock: bit for bit), or stops with a named error and
 nothing bad on disk:
-  kill -9 at two points (the simulated schedule has requests in flight at every checkpoint),
+  kill -9 at two points (the simulated schedule has requests in flight at every checkpoint), and
+  with scheduler.generation_batch=4 (results generated ahead in the checkpoint too),
   SIGTERM (a checkpoint at the current step, even with checkpoint.every=0; exit 143),
   a second run on a busy workdir (refused, exit 3; the first run is not disturbed),
   a corrupted newest checkpoint (detected, moved aside, the previous one resumed),
@@ -24,7 +25,7 @@ import pytest
 
 from jaxreplay.infra import checkpoint as checkpoint_lib
 from jaxreplay.learner import trainer
-from tiny_runs import SFT, comparable, read_rows, run_launch, start
+from tests.helpers.tiny_runs import SFT, comparable, read_rows, run_launch, start
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +102,32 @@ def test_kill9_twice_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_refe
   out = run_launch(workdir)
   assert "resumed at step 4" in out.stderr
   _assert_same_end(workdir, tiny_reference_run)
+
+
+def test_generation_batch_equals_one_request_per_call_and_resumes_after_kill9(
+    tmp_path, tiny_reference_run):
+  """scheduler.generation_batch=4 (each sampler call generates 3 requests ahead): every row equals
+  the K = 1 reference's (each request gets the tokens it gets alone; the sampler's batches have
+  the same shape either way, so bit for bit), plus sim/speculative_*; killed after checkpoint 4
+  and resumed (its results generated ahead restored), it ends as its uninterrupted run."""
+  batched = ("--config.scheduler.generation_batch=4",)
+  whole = str(tmp_path / "whole")
+  run_launch(whole, *batched)
+  rows = read_rows(whole)
+  plain = lambda r: {k: v for k, v in comparable(r).items() if not k.startswith("sim/speculative")}
+  assert [plain(r) for r in rows] == [plain(r) for r in read_rows(tiny_reference_run)]
+  assert rows[-1]["sim/speculative_rows"] > 0 and "sim/speculative_rows" not in rows[0]
+  killed = str(tmp_path / "killed")
+  proc = start(killed, *batched)
+  _wait_for(_has_checkpoint(killed, 4), proc, what="checkpoint 4")
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert read_rows(killed)[-1]["step"] < 6
+  _, host = _host_state(killed, 4)
+  assert host["scheduler"]["ahead"]  # results generated ahead were in the checkpoint
+  out = run_launch(killed, *batched)
+  assert "resumed at step 4" in out.stderr
+  _assert_same_end(killed, whole)
 
 
 def test_sigterm_saves_a_checkpoint_and_resumes_exactly(tmp_path, tiny_reference_run):

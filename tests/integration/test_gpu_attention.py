@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import models
+from jaxreplay.models import presets
 from jaxreplay.config import memory_plan
 from jaxreplay.models import transformer
 
-TINY = models.presets.tiny()
+TINY = presets.tiny()
 
 
 # ---- 5. cuDNN attention without a dense bias --------------------------------------------------------
@@ -138,16 +138,16 @@ def test_cudnn_masking_computes_the_reference_attention(layout):
 def test_model_logits_unchanged_by_the_single_sequence_flag():
   """hidden_states / apply with single_sequence_rows on padded rows: the XLA kernel's logits
   equal the einsum reference's (valid positions), and equal the flag-off logits exactly."""
-  params = models.init_params(TINY, jax.random.key(1))
+  params = transformer.init_params(TINY, jax.random.key(1))
   t = 16
   lengths = [16, 9, 3]
   tokens = np.array([[5 + (i * 7 + j) % 50 if j < n else 0 for j in range(t)]
                      for i, n in enumerate(lengths)], np.int32)
   seg = (tokens > 0).astype(np.int32)
   xla = TINY.replace(attention="xla")
-  on = models.apply(xla, params, tokens, segment_ids=seg, single_sequence_rows=True)
-  off = models.apply(xla, params, tokens, segment_ids=seg)
-  ref = models.apply(TINY.replace(attention="einsum"), params, tokens, segment_ids=seg)
+  on = transformer.apply(xla, params, tokens, segment_ids=seg, single_sequence_rows=True)
+  off = transformer.apply(xla, params, tokens, segment_ids=seg)
+  ref = transformer.apply(TINY.replace(attention="einsum"), params, tokens, segment_ids=seg)
   np.testing.assert_array_equal(np.asarray(on), np.asarray(off))
   np.testing.assert_allclose(np.asarray(on)[seg > 0], np.asarray(ref)[seg > 0], atol=1e-4)
 
@@ -183,7 +183,7 @@ def test_cudnn_constraints_are_checked_first_and_fall_back_once(monkeypatch, cap
 
 
 def test_memory_plan_counts_the_dense_bias_of_packed_rows():
-  cfg = models.presets.qwen3_8b(dtype="bfloat16", remat=True)
+  cfg = presets.qwen3_8b(dtype="bfloat16", remat=True)
   rows, t = 4, 4608
   flash = memory_plan.activation_bytes(cfg, rows, t, 512, flash_attention=True)
   biased = memory_plan.activation_bytes(cfg, rows, t, 512, flash_attention=True, dense_bias=True)

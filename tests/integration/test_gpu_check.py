@@ -7,13 +7,12 @@ import os
 
 import pytest
 
-from conftest import require
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.helpers.deps import require
+from tests.helpers.paths import REPO
 
 
 def load_gpu_check():
-  spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "bench",
+  spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "bench",
                                                                           "gpu_check.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

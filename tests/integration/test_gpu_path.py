@@ -16,21 +16,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import require
-from jaxreplay import models
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.config import devices
 from jaxreplay.config import memory_plan
 from jaxreplay.config import validation
 from jaxreplay.config.defaults import base_config
+from tests.helpers.deps import require
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = models.presets.tiny()
+TINY = presets.tiny()
 
 
 def _env():
   env = dict(os.environ)
-  env["PYTHONPATH"] = REPO + os.pathsep + os.path.join(REPO, "tests") + (
-      os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   return env
 
 
@@ -149,7 +149,7 @@ def write_bpe_tokenizer(out_dir, family):
   tokenizer_class Qwen2Tokenizer, so AutoTokenizer goes through that class) or Llama-3.2's
   (tokenizer_class PreTrainedTokenizerFast, a bos post-processor), with the special tokens,
   chat template and eos of the model."""
-  from chat_templates import LLAMA3_2_INSTRUCT, QWEN3  # pylint: disable=g-import-not-at-top
+  from tests.helpers.chat_templates import LLAMA3_2_INSTRUCT, QWEN3  # pylint: disable=g-import-not-at-top
   from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models as tok_models,  # pylint: disable=g-import-not-at-top
                           normalizers, pre_tokenizers, processors, trainers)
   tok = Tokenizer(tok_models.BPE(unk_token=None, byte_fallback=False))
@@ -274,14 +274,14 @@ def test_superseded_load_in_an_engine_core_process_goes_on():
   from jaxreplay.rollout.pool import WorkerPool  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.vllm.engine import VllmWorkerProcess  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.weights.shm_publisher import ShmPublisher  # pylint: disable=g-import-not-at-top
-  from test_pool import Recorder  # pylint: disable=g-import-not-at-top
-  from test_vllm_worker import logprob_diffs  # pylint: disable=g-import-not-at-top
+  from tests.helpers.pool_fakes import Recorder  # pylint: disable=g-import-not-at-top
+  from tests.helpers.engine_logprobs import logprob_diffs  # pylint: disable=g-import-not-at-top
   c = base_config()
   c.rollout.backend, c.model.max_len, c.rollout.vllm_max_num_seqs = "vllm", 128, 32
   c.rollout.vllm_engine_process = "true"
   settings = backends.vllm_engine_settings(c, on_cpu=True)
   assert settings["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
-  params = [models.init_params(TINY, jax.random.key(s)) for s in range(4)]
+  params = [transformer.init_params(TINY, jax.random.key(s)) for s in range(4)]
   with ShmPublisher(TINY, "float32", keep=2, kernel_layout="jax") as shm:
     worker = VllmWorkerProcess(shm.model_dir, weights_pending=True, policy_version=-1, seed=0,
                                startup_timeout_s=600, **settings)
@@ -443,7 +443,7 @@ def test_shm_publisher_refuses_too_little_shared_memory(tmp_path):
   assert not os.path.exists(os.path.join(root, "model"))  # nothing written before the check
   with shm_publisher.ShmPublisher(TINY, "float32", keep=3, statvfs=_statvfs(_blocks(need))) as ok:
     assert ok.pending_bytes() == need
-    ok.publish(models.init_params(TINY, jax.random.key(0)), 0).wait(30)
+    ok.publish(transformer.init_params(TINY, jax.random.key(0)), 0).wait(30)
     assert 0 < ok.pending_bytes() <= need - ok.history[0].nbytes
 
 
@@ -499,7 +499,8 @@ def test_a_second_process_hits_the_compilation_cache(tmp_path):
           lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
       c = base_config()
       c.trainer.compilation_cache = {str(tmp_path / "cache")!r}
-      path = compilation_cache.apply(c, {str(tmp_path / "run")!r}, min_compile_time_s=0.0)
+      path = compilation_cache.apply(c.trainer.compilation_cache, {str(tmp_path / "run")!r},
+                                     min_compile_time_s=0.0)
       assert path == {str(tmp_path / "cache")!r}, path
       f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
       f(jnp.ones((64, 64))).block_until_ready()

@@ -11,13 +11,14 @@ import time
 
 import numpy as np
 
-from conftest import require
-from tiny_runs import ENV, SHORT, read_rows
 import pytest
+
+from tests.helpers.deps import require
+from tests.helpers.paths import REPO
+from tests.helpers.tiny_runs import ENV, SHORT, read_rows
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ARGS = [*SHORT, "--config.trainer.schedule=constant", "--config.trainer.mesh_shape=(1,-1,1)"]
 
 

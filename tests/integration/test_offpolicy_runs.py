@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-import tiny_runs
+from tests.helpers import tiny_runs
+
 
 pytestmark = pytest.mark.slow
 

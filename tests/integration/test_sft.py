@@ -8,15 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxreplay import models
-from jaxreplay import tasks
+from jaxreplay.models import hf_io
+from jaxreplay.models.config import ModelConfig
+from jaxreplay.tasks import tokenizer
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.tasks import arithmetic
+from tests.helpers.paths import REPO
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: `pytest -m 'not slow'` skips them
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SFT = os.path.join(REPO, "assets", "tiny-arith-sft")
 
 
@@ -33,11 +34,11 @@ def test_sft_cli_writes_loadable_model(tmp_path):
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "sft/greedy_accuracy" in proc.stdout
-  cfg, params = models.load_hf(str(out), dtype=jnp.float32)
-  ref_cfg = models.ModelConfig.from_hf_dir(SFT)
+  cfg, params = hf_io.load_hf(str(out), dtype=jnp.float32)
+  ref_cfg = ModelConfig.from_hf_dir(SFT)
   assert cfg.replace(dtype=ref_cfg.dtype) == ref_cfg.replace(dtype=ref_cfg.dtype)
-  codec = tasks.load_tokenizer(str(out))
-  tasks.check_tokenizer_matches_model(codec, cfg)
+  codec = tokenizer.load_tokenizer(str(out))
+  tokenizer.check_tokenizer_matches_model(codec, cfg)
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
@@ -51,8 +52,8 @@ def test_sft_rejects_carry_drop_on_math(tmp_path):
 
 
 def test_shipped_warm_start_is_sometimes_right_and_drops_carries():
-  cfg, params = models.load_hf(SFT, dtype=jnp.float32)
-  codec = tasks.load_tokenizer(SFT)
+  cfg, params = hf_io.load_hf(SFT, dtype=jnp.float32)
+  codec = tokenizer.load_tokenizer(SFT)
   task = arithmetic.ArithmeticTask(num_digits=(1, 2), ops="+")
   problems = task.eval_set(512)
   right = _greedy_answers(cfg, params, codec, problems)

@@ -7,23 +7,22 @@ import sys
 import jax
 import numpy as np
 
-from conftest import require
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from tests.helpers.deps import require
+from tests.helpers.paths import REPO
 
 
 def test_peer_and_jaxreplay_take_the_same_steps(tmp_path):
   require("torch")
   require("transformers")
-  sys.path.insert(0, os.path.join(ROOT, "bench"))
+  sys.path.insert(0, os.path.join(REPO, "bench"))
   try:
     import bench_train_step as bts  # pylint: disable=g-import-not-at-top
   finally:
-    sys.path.remove(os.path.join(ROOT, "bench"))
+    sys.path.remove(os.path.join(REPO, "bench"))
   assert bts.torch_peer is not None
   from jaxreplay.models import hf_io, presets, transformer  # pylint: disable=g-import-not-at-top
   cfg = presets.tiny(num_hidden_layers=2)
-  tcfg = bts.config_defaults.base_config().trainer
+  tcfg = bts.defaults.base_config().trainer
   hf_dir = str(tmp_path / "hf")
   hf_io.save_hf(cfg, transformer.init_params(cfg, jax.random.PRNGKey(1)), hf_dir)
   batch = bts.synthetic_batch(cfg, 8, 32, 8)

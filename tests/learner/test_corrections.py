@@ -13,12 +13,11 @@ import pytest
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
-from jaxreplay.learner import losses
 from jaxreplay.learner import trainer
-import tolerances
+from tests.helpers import tolerances
 
 CAP, THRESHOLD = 1.8, 0.1
-MODES = tuple(m for m in corrections.OFF_POLICY_MODES if m != "none")
+MODES = tuple(m for m in corrections.CORRECTIONS if m != "none")
 AGGS = ("token_mean", "sequence_mean", "constant")
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 
@@ -204,7 +203,23 @@ class CorrectionFunctionsTest(chex.TestCase):
     kept = w[x["mask"] > 0]
     self.assertTrue(np.any(kept == 0) or np.any(kept == CAP), mode)
     self.assertTrue(np.any((kept > 0) & (kept < CAP)), mode)
-    self.assertTrue(all(k in losses.AUX_KINDS for k in got.aux))
+    self.assertEqual(set(got.aux), set(corrections.CORRECTIONS[mode].aux))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_truncated_is_weights(self):
+    rng = np.random.default_rng(5)
+    lp, behaviour = (-rng.uniform(0.1, 2.0, (6, 10)).astype(np.float32) for _ in range(2))
+    w = self.variant(functools.partial(corrections.truncated_is_weights, cap=1.2))(lp, behaviour)
+    want = np.zeros(lp.shape)
+    for b in range(6):
+      for t in range(10):
+        want[b, t] = min(math.exp(float(lp[b, t]) - float(behaviour[b, t])), 1.2)
+    chex.assert_trees_all_close(w, want, **tolerances.close(np.float32, 1, 1.2))
+    self.assertTrue(0 < np.mean(want == 1.2) < 1)
+    grad = jax.grad(lambda a: jnp.sum(corrections.truncated_is_weights(a, behaviour, 2.0)))(lp)
+    np.testing.assert_array_equal(grad, 0.0)
+    with pytest.raises(ValueError, match="tis_cap must be > 0"):
+      corrections.truncated_is_weights(lp, behaviour, 0.0)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_mis_sequence_on_packed_segments(self):
@@ -282,7 +297,7 @@ class CorrectedLossesTest(chex.TestCase):
     def fn(lp, batch):
       out = {}
       for agg in AGGS:
-        f = functools.partial(algorithms.ALGORITHMS[kind].loss, aggregation=agg,
+        f = functools.partial(algorithms.loss, kind, aggregation=agg,
                               normalizer=normalizer if agg == "constant" else None,
                               options=algo_options, off_policy=options(mode))
         out[agg] = (f(lp, batch), jax.grad(lambda a: f(a, batch)[0])(lp))
@@ -301,44 +316,38 @@ class CorrectedLossesTest(chex.TestCase):
                                  err_msg=agg)
       for k, v in want_aux.items():
         np.testing.assert_allclose(aux[k], v, **tolerances.close(np.float32, n, CAP), err_msg=k)
-      if mode in corrections.PROXIMAL_MODES and kind == "grpo":
+      if corrections.CORRECTIONS[mode].proximal and kind == "grpo":
         # the clip acts on pi_theta / pi_prox = 1: it never binds
         self.assertEqual(float(aux["clip_fraction"]), 0.0)
         self.assertEqual(float(aux["ratio_max"]), 1.0)
 
   @chex.variants(with_jit=True, without_jit=True)
-  def test_tis_through_the_correction_equals_the_tis_argument_path(self):
-    """off_policy="tis" (or tis_cap alone) gives exactly the loss of losses.grpo_loss(tis_logprobs=
-    stop_gradient(lp), tis_cap=C), the path of trainer.tis_cap before issue 27."""
+  def test_tis_cap_alone_is_the_tis_mode(self):
+    """trainer.tis_cap = C alone (the key from before issue 27) is off_policy="tis" with cap C:
+    the same loss, statistics and gradient."""
     x = make_inputs(11)
 
     def fn(lp, batch):
-      new = algorithms.grpo_loss(lp, batch, off_policy=corrections.OffPolicyOptions(tis_cap=1.5))
-      mode = algorithms.grpo_loss(lp, batch, off_policy=corrections.OffPolicyOptions(
+      by_cap = lambda a: algorithms.loss("grpo", a, batch,
+                                         off_policy=corrections.OffPolicyOptions(tis_cap=1.5))
+      by_mode = lambda a: algorithms.loss("grpo", a, batch, off_policy=corrections.OffPolicyOptions(
           off_policy="tis", off_policy_cap=1.5))
-      old = losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
-                             batch.completion_mask, tis_logprobs=jax.lax.stop_gradient(lp),
-                             tis_cap=1.5)
-      grads = [jax.grad(lambda a, f=f: f(a)[0])(lp) for f in (
-          lambda a: algorithms.grpo_loss(a, batch,
-                                         off_policy=corrections.OffPolicyOptions(tis_cap=1.5)),
-          lambda a: losses.grpo_loss(a, batch.behaviour_logprobs, batch.advantages,
-                                     batch.completion_mask, tis_logprobs=jax.lax.stop_gradient(a),
-                                     tis_cap=1.5))]
-      return new, mode, old, grads
+      return ([by_cap(lp), by_mode(lp)],
+              [jax.grad(lambda a, f=f: f(a)[0])(lp) for f in (by_cap, by_mode)])
 
-    new, mode, old, grads = self.variant(fn)(x["logprobs"], as_batch(x))
-    chex.assert_trees_all_equal(new, old)
-    chex.assert_trees_all_equal(mode, old)
+    (cap, mode), grads = self.variant(fn)(x["logprobs"], as_batch(x))
+    chex.assert_trees_all_equal(cap, mode)
     chex.assert_trees_all_equal(grads[0], grads[1])
+    self.assertEqual(set(cap[1]) & {"tis_weight_mean", "tis_truncated_fraction"},
+                     {"tis_weight_mean", "tis_truncated_fraction"})
 
   def test_decoupled_is_tis_below_the_cap_and_filters_above(self):
     """One update per batch: pi_prox = pi_theta in value, so decoupled and tis agree on every token
     whose behaviour weight is <= c; above c, tis truncates to c and decoupled masks."""
     x = make_inputs(12)
     batch = as_batch(x)
-    grad = lambda mode: np.asarray(jax.grad(lambda lp: algorithms.grpo_loss(
-        lp, batch, off_policy=options(mode))[0])(x["logprobs"]))
+    grad = lambda mode: np.asarray(jax.grad(lambda lp: algorithms.loss(
+        "grpo", lp, batch, off_policy=options(mode))[0])(x["logprobs"]))
     g_tis, g_dec = grad("tis"), grad("decoupled")
     ratio = np.exp(x["logprobs"].astype(np.float64) - x["behaviour_logprobs"])
     valid = x["mask"] > 0
@@ -352,9 +361,9 @@ class CorrectedLossesTest(chex.TestCase):
   def test_mode_none_is_the_plain_loss(self):
     x = make_inputs(13)
     for kind in algorithms.ALGORITHMS:
-      a = algorithms.ALGORITHMS[kind].loss(x["logprobs"], as_batch(x))
-      b = algorithms.ALGORITHMS[kind].loss(x["logprobs"], as_batch(x),
-                                           off_policy=corrections.OffPolicyOptions("none"))
+      a = algorithms.loss(kind, x["logprobs"], as_batch(x))
+      b = algorithms.loss(kind, x["logprobs"], as_batch(x),
+                          off_policy=corrections.OffPolicyOptions("none"))
       chex.assert_trees_all_equal(a, b)
 
 
@@ -390,8 +399,7 @@ class OptionsTest(chex.TestCase):
     self.assertEqual(trainer.loss_fn_from_config(t).off_policy.mode, "m2po")
     # GRPO's clip against pi_theta itself needs both clip sides > 0
     with pytest.raises(ValueError, match="off_policy='decoupled' needs eps_low > 0"):
-      trainer.make_loss_fn(eps_low=0.0, off_policy=corrections.OffPolicyOptions("decoupled"))
+      trainer.make_loss_fn("grpo", algorithms.GrpoOptions(eps_low=0.0),
+                           off_policy=corrections.OffPolicyOptions("decoupled"))
     trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions("decoupled"))
-    trainer.make_loss_fn("asymre", tis_cap=2.0)  # composable with AsymRE
-    with pytest.raises(ValueError, match="together with off_policy"):
-      trainer.make_loss_fn(tis_cap=2.0, off_policy=corrections.OffPolicyOptions("tis"))
+    trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions(tis_cap=2.0))

@@ -1,4 +1,5 @@
 """Tests of jaxreplay.learner.losses against independent numpy references written with explicit loops."""
+import dataclasses
 import functools
 import math
 
@@ -8,13 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tolerances
 
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.data import experience
 from jaxreplay.learner import losses
+from jaxreplay.learner import trainer
+from tests.helpers import tolerances
 
 AGGS = ("token_mean", "sequence_mean", "constant")
 EPS_LOW, EPS_HIGH = 0.1, 0.3
@@ -119,8 +121,6 @@ def np_loss(lp, adv, mask, kind, aggregation, normalizer=None, **kw):
                clip_fraction=mean(st["clipped"]))
   if kw.get("ref") is not None:
     aux["kl"] = mean(st["kl"])
-  if kw.get("tis") is not None:
-    aux.update(tis_weight_mean=mean(st["w"]), tis_truncated_fraction=mean(st["truncated"]))
   return np_aggregate(per_token, mask, aggregation, normalizer), aux
 
 
@@ -168,9 +168,11 @@ def loss_kwargs(option, x):
   if "kl_coef" in opt:
     static["kl_coef"] = ref_kw["kl_coef"] = opt["kl_coef"]
     arrays["ref_logprobs"] = ref_kw["ref"] = x["ref_logprobs"]
-  if "tis_cap" in opt:
-    static["tis_cap"] = ref_kw["cap"] = opt["tis_cap"]
-    arrays["tis_logprobs"] = ref_kw["tis"] = x["tis_logprobs"]
+  if "tis_cap" in opt:  # truncated IS: the correction's weights and clip denominator
+    ref_kw["cap"] = opt["tis_cap"]
+    arrays["proximal_logprobs"] = ref_kw["tis"] = x["tis_logprobs"]
+    arrays["token_weights"] = corrections.truncated_is_weights(
+        x["tis_logprobs"], x["behaviour_logprobs"], opt["tis_cap"])
   return static, arrays, ref_kw
 
 
@@ -241,7 +243,7 @@ class BuildingBlocksTest(chex.TestCase):
     np.testing.assert_allclose(got, np_aggregate(per_token, x["mask"], "constant", 7.0), **tol(N, per_token))
 
   @chex.variants(with_jit=True, without_jit=True)
-  def test_k3_kl_and_truncated_is_weights(self):
+  def test_k3_kl(self):
     rng = np.random.default_rng(5)
     lp, ref = (-rng.uniform(0.1, 2.0, (6, 10)).astype(np.float32) for _ in range(2))
     got = self.variant(losses.k3_kl)(lp, ref)
@@ -253,10 +255,6 @@ class BuildingBlocksTest(chex.TestCase):
     chex.assert_trees_all_close(got, want, **tol(1, want))
     self.assertTrue(np.all(np.asarray(got) >= 0))
     np.testing.assert_array_equal(self.variant(losses.k3_kl)(lp, lp), 0.0)
-    w = self.variant(functools.partial(losses.truncated_is_weights, cap=1.2))(lp, ref)
-    chex.assert_trees_all_close(w, np.minimum(np.exp(lp.astype(np.float64) - ref), 1.2), **tol(1))
-    grad = jax.grad(lambda a: jnp.sum(losses.truncated_is_weights(a, ref, 2.0)))(lp)
-    np.testing.assert_array_equal(grad, 0.0)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_clipped_surrogate(self):
@@ -387,8 +385,9 @@ class GradientsTest(chex.TestCase):
     static, arrays = {}, {}
     if option == "kl":
       static, arrays = {"kl_coef": 0.3}, {"ref_logprobs": ref}
-    if option == "tis":
-      static, arrays = {"tis_cap": 1.4}, {"tis_logprobs": tis}
+    if option == "tis":  # the "tis" correction's weights and clip denominator
+      arrays = {"proximal_logprobs": tis,
+                "token_weights": corrections.truncated_is_weights(tis, behaviour, 1.4)}
     fn = over_aggregations(losses.grpo_loss, grad=True, eps_low=EPS_LOW, eps_high=EPS_HIGH,
                            **static)
     grads = self.variant(fn)(lp, behaviour, adv, mask, **arrays)
@@ -453,9 +452,11 @@ class EdgeCasesTest(chex.TestCase):
     x = make_inputs(31)
     mask = np.zeros_like(x["mask"])
     if kind == "grpo":
-      loss_fn = functools.partial(losses.grpo_loss, kl_coef=0.1, tis_cap=2.0)
+      loss_fn = functools.partial(losses.grpo_loss, kl_coef=0.1)
       args = (x["logprobs"], x["behaviour_logprobs"], x["advantages"], mask)
-      arrays = {"ref_logprobs": x["ref_logprobs"], "tis_logprobs": x["tis_logprobs"]}
+      arrays = {"ref_logprobs": x["ref_logprobs"], "proximal_logprobs": x["tis_logprobs"],
+                "token_weights": corrections.truncated_is_weights(
+                    x["tis_logprobs"], x["behaviour_logprobs"], 2.0)}
     else:
       loss_fn = functools.partial(losses.asymre_loss, kl_coef=0.1)
       args = (x["logprobs"], x["advantages"], mask)
@@ -518,7 +519,7 @@ class InputErrorsTest(chex.TestCase):
         "'mask'": lambda: losses.asymre_loss(lp, adv, mask[:-1]),
         "int32": lambda: losses.asymre_loss(lp.astype(np.int32), adv, mask),
         "ref_logprobs": lambda: losses.grpo_loss(lp, blp, adv, mask, ref_logprobs=lp[None]),
-        "tis_logprobs": lambda: losses.grpo_loss(lp, blp, adv, mask, tis_logprobs=lp.T),
+        "proximal_logprobs": lambda: losses.grpo_loss(lp, blp, adv, mask, proximal_logprobs=lp.T),
         "one per row": lambda: losses.asymre_loss(lp, adv[:-1], mask),
     }
     for pattern, call in cases.items():
@@ -540,10 +541,12 @@ class InputErrorsTest(chex.TestCase):
       losses.grpo_loss(*args, kl_coef=0.1)
     with pytest.raises(ValueError, match="ref_logprobs"):
       losses.asymre_loss(x["logprobs"], x["advantages"], x["mask"], kl_coef=0.1)
-    with pytest.raises(ValueError, match="tis_logprobs"):
-      losses.grpo_loss(*args, tis_cap=2.0)
-    with pytest.raises(ValueError, match="tis_cap must be > 0"):
-      losses.grpo_loss(*args, tis_logprobs=x["tis_logprobs"], tis_cap=0.0)
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+      losses.grpo_loss(*args, dual_clip=0.5)
+    with pytest.raises(ValueError, match="kl_clamp must be >= 0"):
+      losses.grpo_loss(*args, ref_logprobs=x["ref_logprobs"], kl_clamp=-1.0)
+    with pytest.raises(ValueError, match="ddof=2"):
+      losses.grpo_advantages(np.zeros((2, 4), np.float32), ddof=2)
     with pytest.raises(ValueError, match="normalizer"):
       losses.grpo_loss(*args, normalizer=10.0)
     with pytest.raises(ValueError, match="normalizer must be > 0"):
@@ -580,15 +583,23 @@ class AlgorithmsTest(chex.TestCase):
     rewards = np.random.default_rng(50).normal(size=(3, 4)).astype(np.float32)
     rewards[1] = 0.5
     grpo, asymre = algorithms.ALGORITHMS["grpo"], algorithms.ALGORITHMS["asymre"]
-    got = self.variant(lambda r: (grpo.advantages(r, algorithms.GrpoOptions(adv_eps=1e-3)),
-                                  asymre.advantages(r, algorithms.AsymreOptions(tau=0.25))))(rewards)
-    want = (losses.grpo_advantages(rewards, eps=1e-3), losses.asymre_advantages(rewards, tau=0.25))
+    self.assertIs(grpo.advantages, losses.grpo_advantages)
+    grpo_options = algorithms.GrpoOptions(adv_eps=1e-3, adv_std_ddof=1)
+    asymre_options = algorithms.AsymreOptions(tau=0.25)
+    got = self.variant(lambda r: (algorithms.advantages("grpo", r, grpo_options),
+                                  algorithms.advantages("asymre", r, asymre_options)))(rewards)
+    want = (losses.grpo_advantages(rewards, eps=1e-3, ddof=1),
+            losses.asymre_advantages(rewards, tau=0.25))
     chex.assert_trees_all_equal(got, want)
-    # experience.make_advantage_fn (numpy in, numpy out) passes each algorithm only its own option.
-    chex.assert_trees_all_equal(experience.make_advantage_fn("grpo", adv_eps=1e-3, tau=9.0)(rewards),
+    # experience.make_advantage_fn (numpy in, numpy out) takes the algorithm's options dataclass.
+    chex.assert_trees_all_equal(experience.make_advantage_fn("grpo", grpo_options)(rewards),
                                 np.asarray(want[0]))
-    chex.assert_trees_all_equal(experience.make_advantage_fn("asymre", adv_eps=9.0, tau=0.25)(rewards),
+    chex.assert_trees_all_equal(experience.make_advantage_fn("asymre", asymre_options)(rewards),
                                 np.asarray(want[1]))
+    chex.assert_trees_all_equal(experience.make_advantage_fn("asymre")(rewards),
+                                np.asarray(asymre.advantages(rewards)))
+    with pytest.raises(TypeError, match="loss 'asymre' takes AsymreOptions, got GrpoOptions"):
+      experience.make_advantage_fn("asymre", grpo_options)(rewards)
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.parameters(*AGGS)
@@ -599,10 +610,10 @@ class AlgorithmsTest(chex.TestCase):
     common = dict(aggregation=aggregation, normalizer=normalizer, kl_coef=0.1)
 
     def fn(lp, batch, ref):
-      table = (algorithms.ALGORITHMS["grpo"].loss(
-                   lp, batch, ref, options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH),
-                   **common),
-               algorithms.ALGORITHMS["asymre"].loss(lp, batch, ref, **common))
+      table = (algorithms.loss(
+                   "grpo", lp, batch, ref,
+                   options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH), **common),
+               algorithms.loss("asymre", lp, batch, ref, **common))
       direct = (losses.grpo_loss(lp, batch.behaviour_logprobs, batch.advantages,
                                  batch.completion_mask, EPS_LOW, EPS_HIGH, ref_logprobs=ref,
                                  **common),
@@ -627,7 +638,7 @@ class AlgorithmsTest(chex.TestCase):
               options=algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH),
               off_policy=corrections.OffPolicyOptions(tis_cap=cap))
     ref_arg = x["ref_logprobs"] if with_kl else None
-    loss_fn = functools.partial(algorithms.ALGORITHMS["grpo"].loss, **kw)
+    loss_fn = functools.partial(algorithms.loss, "grpo", **kw)
 
     def fn(lp, batch, ref):
       return loss_fn(lp, batch, ref), jax.grad(lambda a: loss_fn(a, batch, ref)[0])(lp)
@@ -662,16 +673,163 @@ class AlgorithmsTest(chex.TestCase):
     """AUX_KINDS declares exactly the keys the losses return, each with a valid kind."""
     x = make_inputs(53)
     returned = set()
-    for kw in ({}, {"kl_coef": 0.1, "ref_logprobs": x["ref_logprobs"]},
-               {"tis_cap": 2.0, "tis_logprobs": x["tis_logprobs"]}):
+    for kw in ({}, {"kl_coef": 0.1, "ref_logprobs": x["ref_logprobs"]}, {"dual_clip": 3.0}):
       returned |= set(losses.grpo_loss(x["logprobs"], x["behaviour_logprobs"], x["advantages"],
                                        x["mask"], **kw)[1])
     returned |= set(losses.asymre_loss(x["logprobs"], x["advantages"], x["mask"], kl_coef=0.1,
                                        ref_logprobs=x["ref_logprobs"],
                                        behaviour_logprobs=x["behaviour_logprobs"])[1])
-    for mode in corrections.OFF_POLICY_MODES:  # the corrections' statistics, with either loss
-      for name in algorithms.ALGORITHMS:
-        returned |= set(algorithms.ALGORITHMS[name].loss(
-            x["logprobs"], as_batch(x), off_policy=corrections.OffPolicyOptions(mode))[1])
     self.assertEqual(returned, set(losses.AUX_KINDS))
     self.assertTrue(set(losses.AUX_KINDS.values()) <= set(losses.AUX_KIND_NAMES))
+    for mode, row in corrections.CORRECTIONS.items():  # each correction's, with either loss
+      for name in algorithms.ALGORITHMS:
+        aux = algorithms.loss(name, x["logprobs"], as_batch(x),
+                              off_policy=corrections.OffPolicyOptions(mode))[1]
+        self.assertEqual(set(aux) - set(losses.AUX_KINDS), set(row.aux), mode)
+      self.assertTrue(set(row.aux.values()) <= set(losses.AUX_KIND_NAMES), mode)
+
+
+# ------------------------------------------- conventions as options (issue 35), float64 references
+
+
+def np_grpo_ddof_advantages(rewards, eps, ddof):
+  """TRL / verl: (r - mean) / (std + eps) with torch.std's ddof = 1; jaxreplay's default ddof 0."""
+  out = np.zeros(rewards.shape)
+  for p in range(rewards.shape[0]):
+    row = [float(r) for r in rewards[p]]
+    mean = sum(row) / len(row)
+    std = math.sqrt(sum((r - mean) ** 2 for r in row) / (len(row) - ddof))
+    for i, r in enumerate(row):
+      out[p, i] = 0.0 if max(row) == min(row) else (r - mean) / (std + eps)
+  return out
+
+
+def np_dual_clip_and_kl(lp, blp, adv, ref, mask, eps_low, eps_high, dual_clip, kl_coef, kl_clamp):
+  """verl's `compute_policy_loss` (dual clip, clip_ratio_c) and `kl_penalty` ("low_var_kl": the
+  log-ratio clipped to [-20, 20], k3 clipped to [-K, K]) one token at a time, in float64: (per-token
+  loss, its derivative wrt lp, whether the dual bound binds), each [B, T] (0 on padding)."""
+  loss, grad, binds = np.zeros(lp.shape), np.zeros(lp.shape), np.zeros(lp.shape, bool)
+  for b in range(lp.shape[0]):
+    for t in range(lp.shape[1]):
+      if mask[b, t] == 0:
+        continue
+      a = float(adv[b])
+      rho = math.exp(float(lp[b, t]) - float(blp[b, t]))
+      l1, l2 = -a * rho, -a * min(max(rho, 1.0 - eps_low), 1.0 + eps_high)
+      l_clip, d_clip = (l1, -a * rho) if l1 >= l2 else (l2, 0.0)
+      if dual_clip and a < 0 and -a * dual_clip < l_clip:
+        l_clip, d_clip, binds[b, t] = -a * dual_clip, 0.0, True
+      d = float(ref[b, t]) - float(lp[b, t])
+      if kl_clamp:
+        dc = min(max(d, -20.0), 20.0)
+        k3 = math.exp(dc) - dc - 1.0
+        d_k3 = 0.0 if (abs(d) > 20.0 or k3 > kl_clamp) else 1.0 - math.exp(d)
+        k3 = min(k3, kl_clamp)
+      else:
+        k3, d_k3 = math.exp(d) - d - 1.0, 1.0 - math.exp(d)
+      loss[b, t] = l_clip + kl_coef * k3
+      grad[b, t] = d_clip + kl_coef * d_k3
+  return loss, grad, binds
+
+
+def conventions_inputs(far=25.0):
+  """make_inputs with ratios far from 1 (so the dual bound c = 2 or 3 binds on tokens with A < 0) and
+  reference log-probs far from the policy's (so k3 passes K = 0.5, and |ref - lp| > 20 on two
+  tokens, where verl clips the log-ratio before its exp: ref - lp = `far` on one of them, whose
+  exp overflows float32 beyond 88)."""
+  x = make_inputs(60)
+  rng = np.random.default_rng(60)
+  mask = x["mask"]
+  blp = ((x["logprobs"] + rng.normal(0.0, 1.2, mask.shape)) * mask).astype(np.float32)
+  ref = ((x["logprobs"] + rng.normal(0.0, 1.0, mask.shape)) * mask).astype(np.float32)
+  rows, cols = np.nonzero(mask)
+  for b in np.nonzero(x["advantages"] < 0)[0]:  # one token per A < 0 row at ratio e^1.6 > 3
+    t = cols[rows == b][0]
+    blp[b, t] = x["logprobs"][b, t] - 1.6
+  ref[rows[0], cols[0]] = x["logprobs"][rows[0], cols[0]] + far
+  ref[rows[-1], cols[-1]] = x["logprobs"][rows[-1], cols[-1]] - 30.0
+  return dict(x, behaviour_logprobs=blp, ref_logprobs=ref)
+
+
+class ConventionsTest(chex.TestCase):
+  """trainer.adv_std_ddof, trainer.dual_clip and trainer.kl_clamp against float64 loops of TRL's and
+  verl's formulas; every default leaves the loss exactly as without the option."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_adv_std_ddof_vs_numpy_and_the_trl_verl_factor(self):
+    rewards = np.random.default_rng(61).normal(size=(5, 8)).astype(np.float32)
+    rewards[3] = (rewards[3] > 0).astype(np.float32)
+    rewards[4] = 0.25  # equal rewards: 0 whatever the ddof
+    for ddof in (0, 1):
+      options = algorithms.GrpoOptions(adv_std_ddof=ddof)
+      got = self.variant(lambda r, o=options: algorithms.advantages("grpo", r, o))(rewards)
+      chex.assert_trees_all_close(got, np_grpo_ddof_advantages(rewards, 1e-6, ddof), **tol(8, 2.0))
+    # The sample std (TRL, verl) scales every advantage by sqrt(G / (G - 1)): x1.069 at G = 8.
+    zero_eps = lambda ddof: np.asarray(losses.grpo_advantages(rewards[:4], eps=0.0, ddof=ddof))
+    ratio = zero_eps(0) / zero_eps(1)
+    np.testing.assert_allclose(ratio, math.sqrt(8 / 7), rtol=1e-5)
+    self.assertAlmostEqual(math.sqrt(8 / 7), 1.069, places=3)
+    chex.assert_trees_all_equal(self.variant(losses.grpo_advantages)(rewards),
+                                self.variant(functools.partial(losses.grpo_advantages, ddof=0))(
+                                    rewards))
+    with pytest.raises(ValueError, match="trainer.adv_std_ddof=2"):
+      algorithms.GrpoOptions(adv_std_ddof=2)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters((2.0, 0.0), (0.0, 0.5), (2.0, 0.5), (3.0, 10.0))
+  def test_dual_clip_and_kl_clamp_vs_verl(self, dual_clip, kl_clamp):
+    x = conventions_inputs(far=100.0 if kl_clamp else 25.0)
+    lp, blp, adv, ref, mask = (x[k] for k in ("logprobs", "behaviour_logprobs", "advantages",
+                                              "ref_logprobs", "mask"))
+    kl_coef, normalizer = 0.3, 40.0
+    loss_fn = trainer.make_loss_fn(
+        "grpo", algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip=dual_clip),
+        kl_coef=kl_coef, kl_clamp=kl_clamp)
+
+    def fn(lp, batch, ref):
+      out = {}
+      for agg in AGGS:
+        f = dataclasses.replace(loss_fn, aggregation=agg,
+                                normalizer=normalizer if agg == "constant" else None)
+        out[agg] = (f(lp, batch, ref), jax.grad(lambda a, f=f: f(a, batch, ref)[0])(lp))
+      return out
+
+    got = self.variant(fn)(lp, as_batch(x), ref)
+    per_token, d_per_token, binds = np_dual_clip_and_kl(
+        lp, blp, adv, ref, mask, EPS_LOW, EPS_HIGH, dual_clip, kl_coef, kl_clamp)
+    for agg, ((loss, aux), grad) in got.items():
+      norm = normalizer if agg == "constant" else None
+      want = np_aggregate(per_token, mask, agg, norm)
+      np.testing.assert_allclose(loss, want, **tol(N, per_token), err_msg=agg)
+      scaled = d_per_token * grad_scale(mask, agg, norm)
+      chex.assert_trees_all_close(grad, scaled, **tol(N, scaled), custom_message=agg)
+      self.assertTrue(np.all(np.isfinite(grad)), agg)
+    aux = got["token_mean"][0][1]
+    valid = mask > 0
+    if dual_clip:
+      self.assertTrue(0 < binds[valid].mean() < 1)  # the inputs exercise the bound
+      np.testing.assert_allclose(aux["dual_clip_fraction"], binds[valid].mean(), **tol(N))
+    else:
+      self.assertNotIn("dual_clip_fraction", aux)
+    k3 = np_dual_clip_and_kl(lp, blp, adv, ref, mask, 0.0, 0.0, 0.0, 1.0, kl_clamp)[0] - \
+        np_dual_clip_and_kl(lp, blp, adv, ref, mask, 0.0, 0.0, 0.0, 0.0, kl_clamp)[0]
+    np.testing.assert_allclose(aux["kl"], k3[valid].mean(), **tol(N, k3))
+    if kl_clamp:
+      self.assertLess(float(aux["kl"]), kl_clamp + 1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_defaults_leave_the_loss_unchanged(self):
+    """dual_clip 0 / None and kl_clamp 0 are the loss without the options, bit for bit."""
+    x = conventions_inputs()
+    args = (x["logprobs"], x["behaviour_logprobs"], x["advantages"], x["mask"])
+    fn = lambda **kw: self.variant(functools.partial(losses.grpo_loss, kl_coef=0.1, **kw))(
+        *args, ref_logprobs=x["ref_logprobs"])
+    plain = fn()
+    chex.assert_trees_all_equal(fn(dual_clip=0.0, kl_clamp=0.0), plain)
+    chex.assert_trees_all_equal(fn(dual_clip=None), plain)
+    self.assertEqual(algorithms.GrpoOptions(dual_clip=None), algorithms.GrpoOptions())
+    self.assertEqual(algorithms.GrpoOptions().loss_args(), {"eps_low": 0.2, "eps_high": 0.2})
+    with pytest.raises(ValueError, match="trainer.dual_clip=1.0"):
+      algorithms.GrpoOptions(dual_clip=1.0)
+    with pytest.raises(ValueError, match="trainer.kl_clamp=-2"):
+      trainer.make_loss_fn(kl_clamp=-2.0)

@@ -1,4 +1,5 @@
-"""The optimizer and the jitted sharded train step, on 8 emulated CPU devices (see conftest.py).
+"""The jitted sharded train step, on 8 emulated CPU devices (see conftest.py); the optimizer:
+tests/learner/test_optim.py.
 
 Gradients are observed through `record_grads`, an optax stage placed first in the chain whose state
 is the raw gradient (its paths mirror the params, so it is sharded by the same rules).
@@ -11,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import tolerances
 
+from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
@@ -20,12 +21,11 @@ from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
 from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
-from jaxreplay.models import presets
 from jaxreplay.models import transformer
+from tests.helpers import tolerances
+from tests.helpers.train_batches import CFG, B, T, init_params, make_batch, with_behaviour
 
-CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                   num_key_value_heads=1, head_dim=32)
-B, T, CHUNK = 8, 32, 16
+CHUNK = 16
 LR = 1e-3
 # Tolerances between two float32 computations of one step in different summation orders (meshes,
 # micro-batches, packing, host vs jit): each gradient element and each metric sums over the batch's
@@ -44,8 +44,7 @@ def param_tol():
   and p - update rounds once."""
   return {"atol": tolerances.close(np.float32, STEP_N, LR)["atol"],
           "rtol": tolerances.close(np.float32)["rtol"]}
-# Jitted once each (eager op-by-op dispatch of the model costs seconds of test time).
-init_params = jax.jit(transformer.init_params, static_argnums=0)
+# Jitted once (eager op-by-op dispatch of the model costs seconds of test time).
 full_logits = jax.jit(transformer.apply, static_argnums=0)
 
 
@@ -67,39 +66,6 @@ def _mesh(shape):
 
 def _host(x):
   return jax.tree.map(np.asarray, x)
-
-
-def make_batch(seed: int = 0) -> batch_lib.Batch:
-  """Rows of different prompt / completion lengths, right-padded; the last row is all padding."""
-  rng = np.random.default_rng(seed)
-  tokens = np.zeros((B, T), np.int32)
-  positions = np.zeros((B, T), np.int32)
-  segment_ids = np.zeros((B, T), np.int32)
-  mask = np.zeros((B, T), np.float32)
-  for i in range(B - 1):
-    prompt, completion = rng.integers(3, 9), rng.integers(4, 22)
-    n = prompt + completion
-    tokens[i, :n] = rng.integers(3, CFG.vocab_size, n)
-    positions[i, :n] = np.arange(n)
-    segment_ids[i, :n] = 1
-    mask[i, prompt - 1:n - 1] = 1.0  # targets[t] = tokens[t + 1] is a completion token
-  targets = np.concatenate([tokens[:, 1:], np.zeros((B, 1), np.int32)], axis=1)
-  rewards = rng.integers(0, 2, (2, 4)).astype(np.float32)
-  rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # no group has all-equal rewards
-  adv = np.array(losses.grpo_advantages(rewards)).reshape(-1)
-  adv[-1] = 0.0
-  return batch_lib.Batch(
-      tokens=tokens, positions=positions, segment_ids=segment_ids, targets=targets,
-      completion_mask=mask, behaviour_logprobs=np.zeros((B, T), np.float32),
-      advantages=adv.astype(np.float32), rewards=rewards.reshape(-1),
-      policy_version=np.zeros(B, np.int32))
-
-
-def with_behaviour(batch, logprobs, seed=0):
-  """behaviour log-probs = the model's own plus noise, so that ratios vary and some clip."""
-  noise = np.random.default_rng(seed).normal(0.0, 0.3, logprobs.shape).astype(np.float32)
-  return batch._replace(behaviour_logprobs=np.where(
-      batch.completion_mask > 0, logprobs + noise, 0.0).astype(np.float32))
 
 
 def run_one_step(mesh, params, batch, loss_fn, k=1, compute_entropy=True):
@@ -132,60 +98,6 @@ def data():
   return dict(params=params, batch=batch, logprob_fn=logprob_fn, loss_fn=loss_fn, step=step,
               state0=state, before=before, after=after, after_host=_host(after),
               metrics=_host(metrics))
-
-
-# ---- optimizer ---------------------------------------------------------------------------------
-
-def test_schedules():
-  s = optim.make_schedule(1.0, warmup_steps=4, total_steps=14, schedule="cosine", min_lr_ratio=0.1)
-  np.testing.assert_allclose([float(s(i)) for i in range(4)], [0.25, 0.5, 0.75, 1.0], rtol=1e-6)
-  for i in (4, 9, 14, 20):
-    frac = min(i - 4, 10) / 10
-    want = 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * frac))
-    np.testing.assert_allclose(float(s(i)), want, rtol=1e-5)
-  c = optim.make_schedule(0.5, warmup_steps=2)
-  np.testing.assert_allclose([float(c(i)) for i in (0, 1, 2, 100)], [0.25, 0.5, 0.5, 0.5])
-  assert float(optim.make_schedule(0.3)(0)) == pytest.approx(0.3)
-  with pytest.raises(ValueError, match="total_steps > warmup_steps"):
-    optim.make_schedule(1.0, 10, 5, "cosine")
-  with pytest.raises(ValueError, match="schedule="):
-    optim.make_schedule(1.0, schedule="linear")
-
-
-def test_adamw_matches_numpy_formula():
-  """Two AdamW steps with clipping and decay (not on norms), against the written-out formula."""
-  lr, b1, b2, eps, wd, clip = 0.1, 0.9, 0.99, 1e-8, 0.1, 1.0
-  opt = optim.make_optimizer(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd, max_grad_norm=clip)
-  params = {"w": jnp.array([1.0, -2.0]), "input_layernorm": jnp.array([1.0, 1.0])}
-  grads = [{"w": jnp.array([3.0, 4.0]), "input_layernorm": jnp.array([0.0, 0.5])},
-           {"w": jnp.array([0.1, -0.2]), "input_layernorm": jnp.array([0.3, 0.0])}]
-  state = opt.init(params)
-  p_np = {k: np.asarray(v, np.float64) for k, v in params.items()}
-  m = {k: np.zeros(2) for k in p_np}
-  v = {k: np.zeros(2) for k in p_np}
-  for t, g in enumerate(grads, start=1):
-    updates, state = opt.update(g, state, params)
-    params = optax.apply_updates(params, updates)
-    g_np = {k: np.asarray(x, np.float64) for k, x in g.items()}
-    norm = np.sqrt(sum(np.sum(x ** 2) for x in g_np.values()))
-    scale = min(1.0, clip / norm)
-    for k in p_np:
-      gk = g_np[k] * scale
-      m[k] = b1 * m[k] + (1 - b1) * gk
-      v[k] = b2 * v[k] + (1 - b2) * gk ** 2
-      upd = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
-      if k == "w":
-        upd = upd + wd * p_np[k]
-      p_np[k] = p_np[k] - lr * upd
-  for k in p_np:
-    np.testing.assert_allclose(np.asarray(params[k]), p_np[k], rtol=1e-5)
-
-
-def test_weight_decay_mask():
-  mask = optim.weight_decay_mask({"embed_tokens": 0, "norm": 0, "layers": {
-      "q_proj": 0, "q_norm": 0, "q_bias": 0, "input_layernorm": 0}})
-  assert mask == {"embed_tokens": True, "norm": False, "layers": {
-      "q_proj": True, "q_norm": False, "q_bias": False, "input_layernorm": False}}
 
 
 # ---- train state -------------------------------------------------------------------------------
@@ -377,12 +289,15 @@ def test_errors(data):
     trainer.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
     trainer.make_loss_fn(aggregation="sum")
-  with pytest.raises(ValueError, match="eps_high=0.3 is an option of loss 'grpo', not of 'asymre'"):
-    trainer.make_loss_fn("asymre", eps_high=0.3)
+  with pytest.raises(TypeError, match="loss 'asymre' takes AsymreOptions, got GrpoOptions"):
+    trainer.make_loss_fn("asymre", algorithms.GrpoOptions(eps_high=0.3))
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
-    trainer.make_loss_fn(tis_cap=-1.0)
+    trainer.make_loss_fn(off_policy=corrections.OffPolicyOptions(tis_cap=-1.0))
   with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):
-    trainer.make_loss_fn(tis_cap=2.0, eps_high=0.0)
+    trainer.make_loss_fn("grpo", algorithms.GrpoOptions(eps_high=0.0),
+                         off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
+  with pytest.raises(ValueError, match="kl_clamp=-1.0"):
+    trainer.make_loss_fn(kl_clamp=-1.0)
   with pytest.raises(ValueError, match="normalizer"):
     trainer.make_loss_fn(normalizer=10.0)
   with pytest.raises(TypeError, match="trainer.LossFn.*make_loss_fn.*function"):
@@ -394,7 +309,8 @@ def test_errors(data):
 
 def test_undeclared_aux_kind_raises(data, monkeypatch):
   """A statistic without a kind in losses.AUX_KINDS fails, naming it, with and without micro-batches."""
-  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.learner.losses.AUX_KINDS"):
+  with pytest.raises(ValueError, match="'new_stat' has no valid kind in jaxreplay.learner.losses.AUX_KINDS.*"
+                                      "corrections.CORRECTIONS"):
     trainer._combine_aux({"new_stat": jnp.ones(2)}, jnp.ones(2), jnp.ones(2), jnp.ones(2))
   monkeypatch.setitem(losses.AUX_KINDS, "num_tokens", "mean")
   with pytest.raises(ValueError, match="'num_tokens'.*got 'mean'.*token_mean"):
@@ -423,7 +339,7 @@ TIS_CAP = 1.2  # small enough that the noisy behaviour log-probs of `data` trunc
 def test_tis_step_matches_the_formula(data):
   """tis_cap = C: loss = token mean of -min(pi_theta / pi_sampler, C) A, with its gradient."""
   batch = data["batch"]
-  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
 
   @jax.jit
   def direct_grads(params):
@@ -455,7 +371,7 @@ def test_tis_microbatches_equal_the_whole_batch(data):
   """With TIS on, k = 3 micro-batches of 2 rows == one 6-row batch (one row is all padding)."""
   rows = np.array([0, 1, 2, 3, 4, B - 1])
   batch = jax.tree.map(lambda x: x[rows], data["batch"])
-  loss_fn = trainer.make_loss_fn("grpo", tis_cap=TIS_CAP)
+  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
   _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
   _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
   assert {"tis_weight_mean", "tis_truncated_fraction"} <= set(got)
@@ -610,8 +526,8 @@ def test_tiny_launch_with_packing_and_offline_wandb(tmp_path):
   build's W&B settings reach an offline run."""
   import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
-  import tiny_runs  # pylint: disable=g-import-not-at-top
-  from conftest import require  # pylint: disable=g-import-not-at-top
+  from tests.helpers import tiny_runs  # pylint: disable=g-import-not-at-top
+  from tests.helpers.deps import require  # pylint: disable=g-import-not-at-top
   require("wandb")
   workdir = tmp_path / "run"
   os.environ.setdefault("WANDB_SILENT", "true")

@@ -11,12 +11,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from safetensors import safe_open
 from safetensors.numpy import save_file
-import tolerances
 
-from jaxreplay import models
+from jaxreplay.models import transformer
 from jaxreplay.models import hf_io, presets
 from jaxreplay.models.config import ModelConfig
-from conftest import require
+from tests.helpers import tolerances
+from tests.helpers.deps import require
 
 torch = require("torch")
 transformers = require("transformers")
@@ -41,7 +41,7 @@ CFGS = {
 def _params(cfg, seed=0, dtype=jnp.float32):
   """Random params in init_params' layout (from jax.eval_shape: nothing compiles); norms near 1 and
   nonzero biases, so that no two leaves coincide and a swapped leaf changes the logits."""
-  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0)))
+  shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
   rng = np.random.default_rng(seed)
 
   def leaf(path, s):
@@ -62,7 +62,7 @@ def _assert_bit_equal(a, b):
 
 def _assert_logits_close(cfg, params, hf_model):
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 11), dtype=np.int32)
-  ours = np.asarray(models.apply(cfg, params, jnp.asarray(tokens)))
+  ours = np.asarray(transformer.apply(cfg, params, jnp.asarray(tokens)))
   with torch.no_grad():
     ref = hf_model(torch.from_numpy(tokens).long()).logits.float().numpy()
   scale = np.abs(ref).max()
@@ -91,7 +91,7 @@ def _hf_from_pretrained(path):
 def test_round_trip_bit_exact(tmp_path, name, dtype):
   cfg = CFGS[name].replace(param_dtype=np.dtype(dtype).name)
   params = _params(cfg, dtype=dtype)
-  assert hf_io.param_shapes(cfg) == models.transformer.param_shapes(cfg)  # table == forward's layout
+  assert hf_io.param_shapes(cfg) == transformer.param_shapes(cfg)  # table == forward's layout
   sd = hf_io.to_hf_state_dict(cfg, params)
   assert list(sd) == hf_io.hf_names(cfg)
   assert ("lm_head.weight" in sd) == (not cfg.tie_word_embeddings)

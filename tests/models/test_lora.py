@@ -2,7 +2,6 @@
 weights and the PEFT reference (transformers + peft), through the training forward and the KV-cache
 decoder, and PEFT's file format both ways."""
 import json
-import os
 
 import chex
 import jax
@@ -10,16 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import models
-from jaxreplay.infra import sharding
+from jaxreplay.models import decode
+from jaxreplay.models import hf_io
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.models import lora
-from conftest import require
-from tolerances import close, tree_scale
+from tests.helpers.deps import require
+from tests.helpers.tolerances import close, tree_scale
 
-CFG = models.presets.tiny(vocab_size=64)
+CFG = presets.tiny(vocab_size=64)
 SPEC = lora.LoraSpec(rank=8, alpha=16.0)
-apply = jax.jit(models.apply, static_argnums=0)
-token_logprobs = jax.jit(models.token_logprobs, static_argnums=0)
+apply = jax.jit(transformer.apply, static_argnums=0)
+token_logprobs = jax.jit(logprobs_lib.token_logprobs, static_argnums=0)
 
 
 def random_adapters(cfg, spec, seed=1, scale=0.05):
@@ -33,7 +35,7 @@ def random_adapters(cfg, spec, seed=1, scale=0.05):
 
 @pytest.fixture(scope="module")
 def params():
-  return jax.jit(models.init_params, static_argnums=0)(CFG, jax.random.key(0))
+  return jax.jit(transformer.init_params, static_argnums=0)(CFG, jax.random.key(0))
 
 
 def tokens(seed=2, b=3, t=12):
@@ -106,13 +108,13 @@ def test_decoder_with_adapters_matches_the_forward(params):
   attached = lora.attach(params, adapters, SPEC)
   seq = np.asarray(tokens(6, b=2, t=10))
   full = np.asarray(apply(CFG, attached, seq))
-  cache = models.init_cache(CFG, 2, 16)
-  logits, cache = jax.jit(models.prefill, static_argnums=0)(
+  cache = decode.init_cache(CFG, 2, 16)
+  logits, cache = jax.jit(decode.prefill, static_argnums=0)(
       CFG, attached, seq[:, :6], jnp.array([6, 6], jnp.int32), cache)
   steps = [np.asarray(logits)]
-  decode = jax.jit(models.decode_step, static_argnums=0)
+  step = jax.jit(decode.decode_step, static_argnums=0)
   for t in range(6, 9):
-    logits, cache = decode(CFG, attached, jnp.asarray(seq[:, t]), cache)
+    logits, cache = step(CFG, attached, jnp.asarray(seq[:, t]), cache)
     steps.append(np.asarray(logits))
   np.testing.assert_allclose(np.stack(steps, 1), full[:, 5:9],
                              **close(np.float32, CFG.intermediate_size, tree_scale(full)))
@@ -123,8 +125,8 @@ def test_gradients_reach_only_the_adapters(params):
   adapters = lora.init_adapters(CFG, SPEC, jax.random.key(1))
 
   def loss(adapters, base):
-    return -jnp.mean(models.token_logprobs(CFG, lora.attach(base, adapters, SPEC), x[:, :-1],
-                                           x[:, 1:]))
+    return -jnp.mean(logprobs_lib.token_logprobs(CFG, lora.attach(base, adapters, SPEC), x[:, :-1],
+                                                 x[:, 1:]))
 
   g_adapters, g_base = jax.jit(jax.grad(loss, argnums=(0, 1)))(adapters, params)
   assert jax.tree.structure(g_adapters) == jax.tree.structure(adapters)
@@ -135,7 +137,7 @@ def test_gradients_reach_only_the_adapters(params):
   adapters = random_adapters(CFG, SPEC, seed=8)
   g = jax.jit(jax.grad(loss))(adapters, params)
   merged = lora.merge(CFG, params, adapters, SPEC)
-  g_full = jax.jit(jax.grad(lambda p: -jnp.mean(models.token_logprobs(CFG, p, x[:, :-1], x[:, 1:]))))(
+  g_full = jax.jit(jax.grad(lambda p: -jnp.mean(logprobs_lib.token_logprobs(CFG, p, x[:, :-1], x[:, 1:]))))(
       merged)
   for t in ("q_proj", "down_proj"):
     gw = np.asarray(g_full["layers"][t])
@@ -206,7 +208,7 @@ def test_peft_export_loads_in_peft_with_our_logits(params, tmp_path):
   for spec in (SPEC, lora.LoraSpec(8, 16.0, rslora=True, targets=("q_proj", "o_proj", "up_proj"))):
     adapters = random_adapters(CFG, spec, seed=11)
     base_dir, adapter_dir = str(tmp_path / "base"), str(tmp_path / f"adapter{spec.rslora}")
-    models.save_hf(CFG, jax.device_get(params), base_dir)
+    hf_io.save_hf(CFG, jax.device_get(params), base_dir)
     lora.save_peft(adapter_dir, CFG, spec, jax.device_get(adapters), base_model_name_or_path=base_dir)
     hf = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model = peft.PeftModel.from_pretrained(hf, adapter_dir).eval()

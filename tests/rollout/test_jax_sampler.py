@@ -1,5 +1,5 @@
 """Tests of the `jax` rollout backend: sampling math against numpy / vLLM, the sampler against the
-exact distributions and log-probs of the full forward (`models.apply`)."""
+exact distributions and log-probs of the full forward (`transformer.apply`)."""
 import dataclasses
 import functools
 
@@ -9,12 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
-import tolerances
 
-from jaxreplay import models
+from jaxreplay.models import hf_io
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
 from jaxreplay.rollout import jax_sampler
 from jaxreplay.rollout.base import SamplingParams, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler, filter_logits, sample_token
+from tests.helpers import tolerances
 
 # ---- numpy references ---------------------------------------------------------------------------
 
@@ -114,7 +116,7 @@ def test_filter_logits_ties():
 
 def test_filter_logits_matches_vllm():
   """Same masks as vLLM's own torch implementation (temperature first, as its Sampler does)."""
-  from conftest import require
+  from tests.helpers.deps import require
   torch = require("torch")
   ops = require("vllm.v1.sample.ops.topk_topp_sampler")
   rng = np.random.default_rng(2)
@@ -168,10 +170,10 @@ def test_sample_token_per_row_keys_and_greedy():
 
 def tiny_model(seed=0, vocab=32):
   """2 layers, hidden 64, head_dim 32; std 0.2 spreads next-token probability over ~25 tokens."""
-  cfg = models.presets.tiny(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                            head_dim=32)
-  return cfg, models.init_params(cfg, jax.random.key(seed), std=0.2)
+  cfg = presets.tiny(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=32)
+  return cfg, transformer.init_params(cfg, jax.random.key(seed), std=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -194,11 +196,11 @@ PROMPTS = [np.array([3, 1, 4], np.int32), np.array([1, 5, 9, 2, 6, 5, 3], np.int
 
 @functools.partial(jax.jit, static_argnums=0)
 def _logits(cfg, params, tokens):
-  return models.apply(cfg, params, tokens)
+  return transformer.apply(cfg, params, tokens)
 
 
 def full_forward_logits(cfg, params, seqs, rows=40, pad_to=32):
-  """float64 [len(seqs), pad_to, V] logits of right-padded sequences via `models.apply` (causal:
+  """float64 [len(seqs), pad_to, V] logits of right-padded sequences via `transformer.apply` (causal:
   padding never leaks back). The batch is padded to `rows` so that it compiles once."""
   batch = np.zeros((max(rows, len(seqs)), pad_to), np.int32)
   for i, seq in enumerate(seqs):
@@ -340,8 +342,8 @@ def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
                             for q in PROMPTS]
   _, new_params = tiny_model(seed=1)
   assert first_greedy(new_params) != first_greedy(params)
-  models.save_hf(cfg, params, str(tmp_path / "v0"))
-  models.save_hf(cfg, new_params, str(tmp_path / "v5"))
+  hf_io.save_hf(cfg, params, str(tmp_path / "v0"))
+  hf_io.save_hf(cfg, new_params, str(tmp_path / "v5"))
   s = JaxSampler.from_hf(str(tmp_path / "v0"), max_len=48, batch_size=8, eos_token_ids=())
   heads = lambda groups: [int(g.completions[0].tokens[0]) for g in groups]
   before = s.generate(PROMPTS, 1, greedy)
@@ -355,7 +357,7 @@ def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
   groups = s.generate(PROMPTS, 1, greedy)
   assert heads(groups) == first_greedy(new_params) and groups[0].policy_version == 5
   other = tiny_model(vocab=48)
-  models.save_hf(*other, str(tmp_path / "other"))
+  hf_io.save_hf(*other, str(tmp_path / "other"))
   with pytest.raises(ValueError, match="differs from this sampler"):
     s.load_weights(Weights(6, hf_dir=str(tmp_path / "other")))
   with pytest.raises(ValueError, match="neither params nor hf_dir"):
@@ -363,3 +365,37 @@ def test_weight_refresh_in_memory_and_from_hf(model, tmp_path):
   s.close()
   with pytest.raises(ValueError, match="closed"):
     s.generate(PROMPTS, 1, greedy)
+
+
+def test_generate_requests_equals_one_generate_call_per_request(model, sampler):
+  """Requests sampled together (12 rows in two batches of 8, the second padded; alone each is one
+  padded batch) get exactly the completions of their own `generate` call at the same call index."""
+  requests = [(PROMPTS[:2], 2, 5), ([PROMPTS[2]], 3, 9), (PROMPTS, 1, 6), ([PROMPTS[0]], 2, 0)]
+  saved = sampler.call_count
+  together = sampler.generate_requests(requests, SETTINGS)
+  assert sampler.call_count == saved  # the call indices are the caller's
+  assert [len(g) for g in together] == [2, 1, 3, 1]
+  for (prompts, n, call), groups in zip(requests, together):
+    sampler.call_count = call
+    alone = sampler.generate(prompts, n, SETTINGS)
+    for a, b in zip(alone, groups):
+      np.testing.assert_array_equal(a.prompt_tokens, b.prompt_tokens)
+      assert a.prompt_index == b.prompt_index and a.policy_version == b.policy_version
+      for x, y in zip(a.completions, b.completions, strict=True):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_array_equal(x.logprobs, y.logprobs)
+        assert x.finish_reason == y.finish_reason
+  sampler.call_count = saved
+  # Another call index draws other samples; the per-row keys are those of `generate`.
+  other = sampler.generate_requests([(PROMPTS[:2], 2, 4)], SETTINGS)[0]
+  assert any((a.tokens.shape != b.tokens.shape) or (a.tokens != b.tokens).any()
+             for g, h in zip(other, together[0]) for a, b in zip(g.completions, h.completions))
+  base = jax.random.fold_in(jax.random.key(3), 7)
+  mixed = jax_sampler._row_keys(base, np.array([2, 2, 5]), np.array([0, 1, 0]))
+  expect = [jax.random.fold_in(jax.random.fold_in(base, c), r) for c, r in ((2, 0), (2, 1), (5, 0))]
+  np.testing.assert_array_equal(jax.random.key_data(mixed),
+                                np.stack([jax.random.key_data(k) for k in expect]))
+  with pytest.raises(ValueError, match="n=0"):
+    sampler.generate_requests([(PROMPTS, 0, 1)], SETTINGS)
+  with pytest.raises(ValueError, match="call index -1"):
+    sampler.generate_requests([(PROMPTS, 1, -1)], SETTINGS)

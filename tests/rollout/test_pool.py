@@ -1,11 +1,7 @@
 """Tests of the rollout worker pool: version tags, refresh between requests, worker death and
-replacement, bounded stop, and a pool of real JAX samplers refreshed through WeightPublisher."""
-import fcntl
+replacement, bounded stop, a pool of real JAX samplers refreshed through FilePublisher, and weights
+still being written (served at the held version) or superseded (the newest loaded)."""
 import itertools
-import os
-import subprocess
-import sys
-import threading
 import time
 
 import chex
@@ -13,107 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxreplay import models
-from jaxreplay.rollout.base import Completion, Group, SamplingParams, Weights, WorkerDied
-from jaxreplay.rollout.pool import Delivery, PromptBatch, WorkerPool
-
-SAMPLING = SamplingParams(max_tokens=4)
-
-
-class FakeWorker:
-  """Completions of `max_tokens` copies of the policy version; `generate` takes `delay` seconds
-  and dies (WorkerDied) part-way when `die` is set. It fails loudly if a refresh overlaps a request."""
-
-  def __init__(self, index, delay=0.02, version=0):
-    self.index = index
-    self.delay = delay
-    self.policy_version = version
-    self.die = threading.Event()
-    self.in_generate = threading.Event()
-    self.updates = []
-    self.requests = 0
-    self.call_sizes = []  # (prompts, n) of each generate call
-    self.closed = False
-
-  def generate(self, prompts, n, sampling):
-    if self.closed:
-      raise WorkerDied("closed")
-    self.call_sizes.append((len(prompts), n))
-    self.in_generate.set()
-    try:
-      version = self.policy_version
-      groups = []
-      for i, p in enumerate(prompts):  # Built prompt by prompt: a death leaves a half-made list.
-        if self.die.wait(self.delay / len(prompts)):
-          raise WorkerDied(f"fake worker {self.index} killed mid-request")
-        comps = [Completion(np.full(sampling.max_tokens, version, np.int32),
-                            np.full(sampling.max_tokens, -1.0, np.float32), "length") for _ in range(n)]
-        groups.append(Group(np.asarray(p), comps, version, i))
-      self.requests += 1
-      return groups
-    finally:
-      self.in_generate.clear()
-
-  def load_weights(self, weights):
-    if self.in_generate.is_set():
-      raise AssertionError("load_weights ran during a request")
-    if self.die.is_set():
-      raise WorkerDied("dead")
-    self.updates.append((weights.hf_dir, weights.version))
-    self.policy_version = weights.version
-
-  def kill(self):
-    self.die.set()
-
-  def close(self):
-    self.closed = True
-
-
-class Recorder:
-  """Prompt source (numbered batches of 2 prompts, n=3) and sink, with a condition to wait on."""
-
-  def __init__(self):
-    self.counter = itertools.count()
-    self.deliveries = []
-    self.drops = []
-    self.cond = threading.Condition()
-
-  def source(self, index):
-    k = next(self.counter)
-    return PromptBatch(prompts=[np.array([1, k % 50 + 3]), np.array([1, 2, 3])], n=3,
-                       sampling=SAMPLING, meta=k)
-
-  def sink(self, delivery):
-    with self.cond:
-      self.deliveries.append(delivery)
-      self.cond.notify_all()
-
-  def on_drop(self, batch, reason):
-    self.drops.append((batch.meta, reason))
-
-  def wait_for(self, predicate, timeout=20.0):
-    with self.cond:
-      assert self.cond.wait_for(lambda: predicate(self.deliveries), timeout), "timed out"
-      return len(self.deliveries)
-
-
-def check_complete(d: Delivery):
-  assert len(d.groups) == len(d.batch.prompts) == 2
-  for g in d.groups:
-    assert g.policy_version == d.policy_version
-    assert len(g.completions) == d.batch.n
-    for c in g.completions:
-      assert len(c.tokens) == SAMPLING.max_tokens
-      np.testing.assert_array_equal(c.tokens, d.policy_version)  # made with that version's weights
-
-
-def make_pool(rec, workers, num_workers=2, worker_kwargs=None, **kwargs):
-  def make_worker(i):
-    w = FakeWorker(i, **(worker_kwargs or {}))
-    workers.setdefault(i, []).append(w)
-    return w
-  return WorkerPool(make_worker, num_workers, rec.source, rec.sink, on_drop=rec.on_drop,
-                    restart_backoff_s=0.01, idle_sleep_s=0.01, **kwargs)
+from jaxreplay.models import logprobs as logprobs_lib
+from jaxreplay.models import presets
+from jaxreplay.models import transformer
+from jaxreplay.rollout.base import SamplingParams, StaleWeights, Weights, WorkerDied
+from jaxreplay.rollout.pool import PromptBatch, WorkerPool
+from tests.helpers.pool_fakes import SAMPLING, FakeWorker, Recorder, check_complete, make_pool
 
 
 def test_groups_reach_sink_tagged_and_refresh_between_requests():
@@ -341,16 +242,16 @@ def test_source_returning_none_idles_and_wrong_type_fails():
   assert len(calls) == 5 and rec.deliveries == []
 
 
-def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(tmp_path):
+def test_pool_of_jax_samplers_refreshed_in_memory_and_through_file_publisher(tmp_path):
   """Two real JAX samplers: after a refresh their log-probs are those of the new params, whether
-  the handle carries device arrays (in-process) or an HF directory (WeightPublisher)."""
+  the handle carries device arrays (in-process) or an HF directory (FilePublisher)."""
   from jaxreplay.models.hf_io import save_hf
   from jaxreplay.rollout.jax_sampler import JaxSampler
-  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
+  from jaxreplay.rollout.weights.file_publisher import FilePublisher
 
-  cfg = models.presets.tiny()
-  p0 = models.init_params(cfg, jax.random.key(0))
-  p1 = models.init_params(cfg, jax.random.key(1))
+  cfg = presets.tiny()
+  p0 = transformer.init_params(cfg, jax.random.key(0))
+  p1 = transformer.init_params(cfg, jax.random.key(1))
   save_hf(cfg, p0, str(tmp_path / "v0"))
   sampling = SamplingParams(max_tokens=6)
   batches = itertools.count()
@@ -364,13 +265,13 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
                                                  seed=i),
                     2, source, rec.sink, initial_weights=Weights(0, hf_dir=str(tmp_path / "v0")))
   marks = {}
-  with WeightPublisher(root=str(tmp_path / "pub")) as publisher:
+  with FilePublisher(cfg, root=str(tmp_path / "pub")) as publisher:
     pool.start()
     try:
       pool.wait_ready(120)
       rec.wait_for(lambda ds: len(ds) >= 2, timeout=120)
       for version, weights in ((1, Weights(1, params=p1, cfg=cfg)),
-                               (2, Weights(2, hf_dir=publisher.publish(cfg, p0, version=2)))):
+                               (2, publisher.publish(p0, version=2))):
         pool.refresh(weights)
         pool.wait_for_version(version, 120)
         marks[version] = len(rec.deliveries)
@@ -384,96 +285,9 @@ def test_pool_of_jax_samplers_refreshed_in_memory_and_through_weight_publisher(t
       for g in d.groups:
         for c in g.completions:
           toks = np.concatenate([g.prompt_tokens, c.tokens])
-          lp = np.asarray(models.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
+          lp = np.asarray(logprobs_lib.token_logprobs(cfg, params, toks[None, :-1], toks[None, 1:]))[0]
           np.testing.assert_allclose(c.logprobs, lp[len(g.prompt_tokens) - 1:], atol=2e-4)
   assert {d.policy_version for d in rec.deliveries[:2]} == {0}
-
-
-# ---- weight publisher and imports ---------------------------------------------------------------
-
-
-def test_weight_publisher_writes_versions_atomically_and_keeps_the_newest(tmp_path):
-  from jaxreplay.models.hf_io import load_hf
-  from jaxreplay.rollout.weights.file_publisher import WeightPublisher
-
-  cfg = models.presets.tiny()
-  params = [models.init_params(cfg, jax.random.key(s)) for s in range(3)]
-  root = tmp_path / "pub"
-  with WeightPublisher(root=str(root), keep=2) as pub:
-    dirs = [pub.publish(cfg, p, version=v) for v, p in zip((0, 4, 7), params)]
-    assert dirs == [str(root / f"v{v}") for v in (0, 4, 7)]
-    assert sorted(os.listdir(root)) == ["v4", "v7"]  # only the newest 2; no temporary dirs left
-    loaded_cfg, loaded = load_hf(dirs[-1])
-    assert loaded_cfg == cfg
-    chex.assert_trees_all_close(loaded, params[2], atol=0, rtol=0)
-    rec = pub.latest
-    assert rec.version == 7 and rec.hf_dir == dirs[-1]
-    n_params = sum(x.size for x in jax.tree_util.tree_leaves(params[2]))
-    assert rec.nbytes == 4 * n_params  # float32, one safetensors file
-    assert rec.transfer_seconds > 0 and rec.write_seconds > 0
-    assert pub.last_publish_seconds == rec.seconds and len(pub.history) == 3
-    with pytest.raises(ValueError, match="newer"):
-      pub.publish(cfg, params[0], version=7)
-  assert os.path.isdir(root) and os.listdir(root) == []  # a given root stays; its versions go
-
-
-def test_weight_publisher_default_root_and_fallback(monkeypatch):
-  from jaxreplay.rollout.weights import file_publisher as weight_sync
-
-  pub, other = weight_sync.WeightPublisher(), weight_sync.WeightPublisher()
-  try:
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-      assert pub.root.startswith(f"/dev/shm/jaxreplay-{os.getpid()}-")
-    assert os.path.isdir(pub.root) and other.root != pub.root
-  finally:
-    pub.close()
-  assert not os.path.exists(pub.root) and os.path.isdir(other.root)  # closing one spares the other
-  other.close()
-  monkeypatch.setattr(weight_sync.os.path, "isdir",
-                      lambda p: False if p == "/dev/shm" else os.path.lexists(p))
-  root = weight_sync.default_root()
-  try:
-    assert not root.startswith("/dev/shm") and os.path.isdir(root)
-  finally:
-    os.rmdir(root)
-  with pytest.raises(ValueError, match="keep"):
-    weight_sync.WeightPublisher(keep=0)
-
-
-def test_importing_rollout_does_not_import_vllm_torch_or_jax():
-  code = ("import sys, jaxreplay.rollout as r, jaxreplay.rollout.vllm.engine, jaxreplay.rollout.pool;"
-          "assert r.SamplingParams and r.WorkerDied and r.WorkerPool;"
-          "bad = [m for m in ('vllm', 'torch', 'jax') if m in sys.modules];"
-          "assert not bad, bad")
-  env = dict(os.environ, PYTHONPATH=os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-  subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
-
-
-def test_stale_weight_roots_of_dead_processes_are_removed(tmp_path):
-  """A run killed with -9 leaves /dev/shm/jaxreplay-<pid>-*; the next publisher removes those of
-  dead pids and keeps live ones (another run on the machine) and unrelated names."""
-  from jaxreplay.rollout.weights import publisher as weight_sync  # pylint: disable=g-import-not-at-top
-  dead = subprocess.Popen([sys.executable, "-c", "pass"])
-  dead.wait()
-  stale = tmp_path / f"jaxreplay-{dead.pid}-abc"
-  (stale / "v3").mkdir(parents=True)
-  (stale / "v3" / "model.safetensors").write_bytes(b"x" * 10)
-  live = tmp_path / f"jaxreplay-{os.getppid()}-def"
-  live.mkdir()
-  mine = tmp_path / f"jaxreplay-{os.getpid()}-ghi"
-  mine.mkdir()
-  other = tmp_path / "jaxreplay-notapid-x"
-  other.mkdir()
-  # A live publisher whose pid is dead in this namespace (another container): its flock counts.
-  elsewhere = tmp_path / f"jaxreplay-{dead.pid}-live"
-  elsewhere.mkdir()
-  fd = os.open(str(elsewhere / weight_sync.OWNER_FILE), os.O_RDWR | os.O_CREAT)
-  fcntl.flock(fd, fcntl.LOCK_SH)  # as a publisher holds it
-  removed = weight_sync.remove_stale_roots(str(tmp_path))
-  assert removed == [str(stale)] and elsewhere.exists()
-  assert not stale.exists() and live.exists() and mine.exists() and other.exists()
-  os.close(fd)  # its publisher closed or died: stale now
-  assert weight_sync.remove_stale_roots(str(tmp_path)) == [str(elsewhere)]
 
 
 class LoggingWorker(FakeWorker):
@@ -600,3 +414,63 @@ def test_pending_jobs_fail_when_the_pool_stops_or_fails():
     for _ in range(200):  # a job queued while the first request fails the pool
       pool.run_jobs(Weights(1), [lambda w: time.sleep(0.01)])
   pool.stop(2)
+
+
+def test_pool_serves_at_the_held_version_until_the_newest_is_written():
+  from concurrent.futures import Future  # pylint: disable=g-import-not-at-top
+  rec, workers = Recorder(), {}
+  pool = make_pool(rec, workers, num_workers=1).start()
+  try:
+    pool.wait_ready(10)
+    pending = Future()
+    pool.refresh(Weights(1, shm_path="/dev/shm/none", ready=pending))
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 4)
+    assert workers[0][0].updates == []  # never waited for (nor loaded) the unwritten version
+    assert all(d.policy_version == 0 for d in rec.deliveries)
+    assert pool.metrics()["deferred_refreshes"] >= 4
+    pending.set_result("/dev/shm/none")
+    pool.wait_for_version(1, 10)
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 2)
+    for d in rec.deliveries:
+      check_complete(d)
+    assert rec.deliveries[-1].policy_version == 1
+    pool.raise_if_failed()
+  finally:
+    pool.stop()
+
+
+def test_pool_retries_a_superseded_load_at_the_newest_version():
+  """A worker asked for version 1 whose slot was reused by 4 (the trainer published `keep` newer
+  versions meanwhile) gets StaleWeights from its engine; it must load the newest, not fail."""
+  rec, workers, pool_box = Recorder(), {}, []
+
+  class Superseded(FakeWorker):
+    def load_weights(self, weights):
+      if weights.version == 1:
+        pool_box[0].refresh(Weights(4, hf_dir="/weights/v4"))  # published while this one loaded
+        raise StaleWeights("slot of version 1 holds version 4")
+      super().load_weights(weights)
+
+  def make_worker(i):
+    workers.setdefault(i, []).append(Superseded(i))
+    return workers[i][-1]
+  pool = WorkerPool(make_worker, 1, rec.source, rec.sink, on_drop=rec.on_drop,
+                    restart_backoff_s=0.01, idle_sleep_s=0.01)
+  pool_box.append(pool)
+  pool.start()
+  try:
+    pool.wait_ready(10)
+    pool.refresh(Weights(1, hf_dir="/weights/v1"))
+    pool.wait_for_version(4, 10)
+    mark = len(rec.deliveries)
+    rec.wait_for(lambda ds: len(ds) >= mark + 2)
+    for d in rec.deliveries:
+      check_complete(d)
+    assert workers[0][0].updates == [("/weights/v4", 4)]
+    assert rec.deliveries[-1].policy_version == 4
+    assert pool.metrics()["superseded_loads"] == 1
+    pool.raise_if_failed()
+  finally:
+    pool.stop()

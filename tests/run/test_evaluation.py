@@ -163,6 +163,8 @@ def test_engine_jobs_draw_eval_noise_from_the_eval_counter_and_restore_the_worke
       return ["groups"]
 
   class Plain:  # a vLLM engine proxy: no call counter
+    call_count = None
+
     def __init__(self):
       self.calls = 0
 
@@ -180,13 +182,3 @@ def test_engine_jobs_draw_eval_noise_from_the_eval_counter_and_restore_the_worke
   plain = Plain()
   assert [job(plain) for job in jobs] == [[1], [4]] and plain.calls == 2
 
-
-def test_resolve_eval_backend():
-  r = evaluation.resolve_eval_backend
-  assert r("auto", "vllm") == "engines" and r("auto", "jax") == "trainer"
-  for rollout in ("jax", "vllm"):
-    assert r("engines", rollout) == "engines" and r("trainer", rollout) == "trainer"
-  with pytest.raises(ValueError, match="expected one of"):
-    r("gpu", "vllm")
-  with pytest.raises(ValueError, match="resolve 'auto' first"):
-    r("auto", "auto")

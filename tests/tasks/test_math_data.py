@@ -1,11 +1,14 @@
-"""Math datasets in the formats users have: parquet (pyarrow, a core dependency), JSONL and JSON,
-a separate held-out file, and messages that name the row."""
+"""Math datasets in the formats users have (`tasks.math_data`): parquet (pyarrow, a core
+dependency), JSONL and JSON, a separate held-out file, the held-out split, and messages that name
+the row."""
 import json
 
+import numpy as np
 import pytest
 
-from conftest import require
+from jaxreplay import tasks
 from jaxreplay.tasks import math_data, prompt_check, tokenizer as tok_lib
+from tests.helpers.deps import require
 
 pa = require("pyarrow")
 pq = require("pyarrow.parquet")
@@ -80,12 +83,13 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
   generation_config eos ids (small ids: the tiny preset is sized to it), the async schedule."""
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
-  import test_tokenizers as tt  # pylint: disable=g-import-not-at-top
-  import tiny_runs  # pylint: disable=g-import-not-at-top
+  from tests.helpers import tiny_runs  # pylint: disable=g-import-not-at-top
+  from tests.helpers.chat_templates import QWEN3  # pylint: disable=g-import-not-at-top
+  from tests.helpers.tokenizer_files import write_tokenizer  # pylint: disable=g-import-not-at-top
   special = {"<|endoftext|>": 97, "<|im_start|>": 98, "<|im_end|>": 99}
   tok_dir = tmp_path / "tokenizer"
-  tt.write_tokenizer(str(tok_dir), special, {"<think>": 100, "</think>": 101}, tt.QWEN3,
-                     eos_token="<|im_end|>", pad_token="<|endoftext|>")
+  write_tokenizer(str(tok_dir), special, {"<think>": 100, "</think>": 101}, QWEN3,
+                  eos_token="<|im_end|>", pad_token="<|endoftext|>")
   (tok_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [99, 97]}))
   write_parquet(tmp_path / "train.parquet", ROWS)
   with open(tmp_path / "eval.jsonl", "w") as f:
@@ -97,7 +101,8 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
          "--config.model.path=", f"--config.model.tokenizer={tok_dir}", "--config.model.max_len=96",
          "--config.task.name=math", f"--config.task.path={tmp_path / 'train.parquet'}",
          f"--config.task.eval_path={tmp_path / 'eval.jsonl'}", "--config.task.template=plain",
-         "--config.task.reward_fn=reward_plugins:digits", "--config.task.num_reward_workers=2",
+         "--config.task.reward_fn=tests.helpers.reward_plugins:digits",
+         "--config.task.num_reward_workers=2",
          "--config.scheduler.kind=async", "--config.rollout.backend=jax",
          "--config.rollout.num_workers=2", "--config.rollout.group_size=4",
          "--config.rollout.max_tokens=8", "--config.buffer.size=32",
@@ -105,8 +110,9 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
          "--config.total_steps=3", "--config.trainer.warmup_steps=1", "--config.eval.every=3",
          "--config.eval.num_problems=4", "--config.eval.n_samples=2", "--config.eval.ks=(1,2)",
          "--config.trainer.buckets=(64,96)", "--config.checkpoint.every=3"]
+  # The plug-in is tests.helpers.reward_plugins: the repository root on the run's path finds it.
   env = dict(tiny_runs.ENV, PYTHONPATH=os.pathsep.join(
-      [tiny_runs.REPO, os.path.join(tiny_runs.REPO, "tests", "helpers"), os.environ.get("PYTHONPATH", "")]))
+      [tiny_runs.REPO, os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run(cmd, cwd=tiny_runs.REPO, env=env, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-4000:]
@@ -116,4 +122,103 @@ def test_math_run_with_parquet_eval_file_plugin_reward_and_chat_template(tmp_pat
   assert rows[-1]["reward/calls"] >= 3 * 16 and rows[-1]["reward/errors"] == 0
   assert "eval/pass@1" in rows[-1]
   config = json.load(open(workdir / "run_config.json"))
-  assert config["task"]["reward_fn"] == "reward_plugins:digits"
+  assert config["task"]["reward_fn"] == "tests.helpers.reward_plugins:digits"
+
+
+# ---- JSONL / JSON datasets, the held-out split, row sources -------------------------------------
+
+def _write_jsonl(path, rows):
+  with open(path, "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+
+
+DATASET_ROWS = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i), "extra": i} for i in range(40)]
+
+
+def test_load_math_dataset_jsonl_json_and_dir(tmp_path):
+  _write_jsonl(tmp_path / "a.jsonl", DATASET_ROWS[:30] + [{"problem": "", "answer": "1"}])
+  with open(tmp_path / "b.json", "w") as f:
+    json.dump(DATASET_ROWS[30:], f)
+  problems = math_data.load_math_dataset(str(tmp_path / "a.jsonl"), template="plain")
+  assert [p.prompt for p in problems] == [r["problem"] for r in DATASET_ROWS[:30]]  # empty row skipped
+  assert [p.answer for p in problems] == [r["answer"] for r in DATASET_ROWS[:30]]
+  both = math_data.load_math_dataset(str(tmp_path))  # the directory: a.jsonl then b.json
+  assert len(both) == 40
+  assert both[-1].prompt == math_data.PROMPT_TEMPLATES["qwen_math"].format(problem=DATASET_ROWS[-1]["problem"])
+  assert "\\boxed{}" in both[-1].prompt
+  assert len(math_data.load_math_dataset(str(tmp_path), max_examples=5)) == 5
+  custom = math_data.load_math_dataset(str(tmp_path / "b.json"), template="Q: {problem}\nA:")
+  assert custom[0].prompt == f"Q: {DATASET_ROWS[30]['problem']}\nA:"
+
+
+def test_load_math_dataset_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not found"):
+    math_data.load_math_dataset(str(tmp_path / "missing.jsonl"))
+  _write_jsonl(tmp_path / "d.jsonl", [{"question": "1+1?", "solution": "2"}])
+  with pytest.raises(ValueError, match=r"no field 'problem'.*\['question', 'solution'\]"):
+    math_data.load_math_dataset(str(tmp_path / "d.jsonl"))
+  ok = math_data.load_math_dataset(str(tmp_path / "d.jsonl"), problem_key="question",
+                                   answer_key="solution")
+  assert ok[0].answer == "2"
+  (tmp_path / "bad.jsonl").write_text('{"problem": "x", "answer": "1"}\n{not json\n')
+  with pytest.raises(ValueError, match="bad.jsonl:2"):
+    math_data.load_math_dataset(str(tmp_path / "bad.jsonl"))
+  with pytest.raises(ValueError, match="template"):
+    math_data.load_math_dataset(str(tmp_path / "d.jsonl"), template="nope")
+  (tmp_path / "x.parquet").write_bytes(b"PAR1")  # a truncated download
+  with pytest.raises(ValueError, match=r"x.parquet: not a readable parquet file"):
+    math_data.load_math_dataset(str(tmp_path / "x.parquet"))
+
+
+def test_math_task_split_and_sampling(tmp_path):
+  _write_jsonl(tmp_path / "train.jsonl", DATASET_ROWS)
+  task = tasks.make_task("math", path=str(tmp_path / "train.jsonl"), heldout_fraction=0.25)
+  assert len(task.train) + len(task.heldout) == 40
+  assert not {p.prompt for p in task.train} & {p.prompt for p in task.heldout}
+  again = tasks.make_task("math", path=str(tmp_path / "train.jsonl"), heldout_fraction=0.25)
+  assert again.heldout == task.heldout
+  drawn = task.sample(np.random.default_rng(0), 100)
+  assert {p.prompt for p in drawn} <= {p.prompt for p in task.train}
+  assert task.eval_set(3) == task.heldout[:3]
+  assert set(task.charset) >= set("".join(p.prompt + p.answer for p in task.train))
+  # A separate eval file: its problems are removed from training.
+  _write_jsonl(tmp_path / "test.jsonl", DATASET_ROWS[:5])
+  split = math_data.MathTask.from_files(str(tmp_path / "train.jsonl"),
+                                        eval_path=str(tmp_path / "test.jsonl"))
+  assert len(split.heldout) == 5 and len(split.train) == 35
+  for t in (task, again, split):
+    t.close()
+
+
+def test_math_rows_keep_their_file_and_line(tmp_path):
+  (tmp_path / "a.jsonl").write_text('\ufeff{"problem": "p1", "answer": "1"}\n\n'  # BOM, blank
+                                    '{"problem": "", "answer": "1"}\n'            # skipped row
+                                    '{"problem": "p4", "answer": "4"}\n', encoding="utf-8")
+  with open(tmp_path / "b.json", "w") as f:
+    json.dump([{"problem": "q1", "answer": "1"}, {"problem": "q2", "answer": "2"}], f)
+  problems, sources = math_data.load_math_records(str(tmp_path), template="plain")
+  assert [p.prompt for p in problems] == ["p1", "p4", "q1", "q2"]
+  assert sources == [f"{tmp_path / 'a.jsonl'}:1", f"{tmp_path / 'a.jsonl'}:4",
+                     f"{tmp_path / 'b.json'}:row 1", f"{tmp_path / 'b.json'}:row 2"]
+  task = math_data.MathTask.from_files(str(tmp_path / "a.jsonl"),
+                                       eval_path=str(tmp_path / "b.json"), template="plain")
+  assert task.train_sources == sources[:2] and task.heldout_sources == sources[2:]
+  assert (task.skipped_rows, task.skipped_eval_rows) == (0, 0)
+  task.close()
+
+
+def test_non_utf8_dataset_names_file_line_byte_offset_and_fix(tmp_path):
+  good = b'{"problem": "1+1?", "answer": "2"}\n'
+  bad = b'{"problem": "caf\xe9?", "answer": "3"}\n'  # Latin-1 e-acute
+  (tmp_path / "d.jsonl").write_bytes(good * 3 + bad + good)
+  offset = 3 * len(good) + bad.index(b"\xe9")
+  with pytest.raises(ValueError) as e:
+    math_data.load_math_dataset(str(tmp_path / "d.jsonl"))
+  msg = str(e.value)
+  assert f"d.jsonl:4: not UTF-8 at byte offset {offset} " in msg
+  assert "b'\\xe9?\"," in msg and "iconv -f latin1 -t utf-8" in msg
+  (tmp_path / "d.json").write_bytes(b"[\n" + good.rstrip() + b",\n" + bad.rstrip() + b"\n]\n")
+  offset = len(b"[\n" + good.rstrip() + b",\n") + bad.index(b"\xe9")
+  with pytest.raises(ValueError, match=rf"d.json:3: not UTF-8 at byte offset {offset} "):
+    math_data.load_math_dataset(str(tmp_path / "d.json"))

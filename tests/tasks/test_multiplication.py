@@ -7,19 +7,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxreplay import models
 from jaxreplay import tasks
 from jaxreplay.config import validation
+from jaxreplay.models import hf_io
+from jaxreplay.models import presets
 from jaxreplay.run import build
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.sft import noise_kwargs
 from jaxreplay.tasks import arithmetic
 from jaxreplay.tasks import multiplication as mul
-from jaxreplay.tasks.tokenizer import SPECIAL_TOKENS
+from jaxreplay.tasks import tokenizer
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SFT = os.path.join(REPO, "assets", "multiplication-sft")
-UNK = SPECIAL_TOKENS.index("<unk>")
+UNK = tokenizer.SPECIAL_TOKENS.index("<unk>")
 
 
 def _config():
@@ -69,7 +70,7 @@ def test_worked_solutions():
 
 def test_problems_charset_and_lengths():
   task = mul.WrittenMultiplicationTask(num_digits=(2, 6), seed=0)
-  codec = tasks.TextCodec(tasks.build_char_tokenizer(task.charset))
+  codec = tokenizer.TextCodec(tokenizer.build_char_tokenizer(task.charset))
   lengths = {}
   for p in task.sample(np.random.default_rng(0), 2000):
     a, y = (int(x) for x in p.prompt[:-1].split("*"))
@@ -216,7 +217,7 @@ def test_config_builds_the_task_fits_the_context_and_takes_the_noise():
   assert isinstance(task, mul.WrittenMultiplicationTask)
   assert task.num_digits == tuple(c.task.num_digits)
   assert c.rollout.max_tokens >= task.max_completion_tokens()
-  codec = tasks.TextCodec(tasks.build_char_tokenizer(task.charset))
+  codec = tokenizer.TextCodec(tokenizer.build_char_tokenizer(task.charset))
   longest = len(codec.encode_prompt(task.longest_prompts()[0]))
   assert longest + c.rollout.max_tokens <= c.model.max_len
   assert longest + task.max_completion_tokens() <= c.model.max_len  # an SFT row fits
@@ -231,15 +232,15 @@ def test_config_builds_the_task_fits_the_context_and_takes_the_noise():
 
 @pytest.fixture(scope="module")
 def warm_start():
-  cfg, params = models.load_hf(SFT, dtype=jnp.float32)
-  return cfg, params, tasks.load_tokenizer(SFT)
+  cfg, params = hf_io.load_hf(SFT, dtype=jnp.float32)
+  return cfg, params, tokenizer.load_tokenizer(SFT)
 
 
 def test_warm_start_tokenizer_matches_model_and_task(warm_start):
   cfg, _, codec = warm_start
-  tasks.check_tokenizer_matches_model(codec, cfg)
+  tokenizer.check_tokenizer_matches_model(codec, cfg)
   c = _config()
-  preset = models.presets.PRESETS[c.model.preset]()
+  preset = presets.PRESETS[c.model.preset]()
   assert (cfg.num_hidden_layers, cfg.hidden_size) == (preset.num_hidden_layers, preset.hidden_size)
   task = build.make_task(c.task)
   for p in task.eval_set(16):

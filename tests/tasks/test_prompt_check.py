@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require
 from jaxreplay.data.experience import PromptSource
 from jaxreplay.tasks import arithmetic, math_data, prompt_check, scratchpad
 from jaxreplay.tasks import tokenizer as tok_lib
+from tests.helpers.deps import require
 
 require("transformers")
 
@@ -169,7 +169,7 @@ def test_procedural_task_checks_its_longest_prompt(make):
 
 def test_run_metrics_report_the_skipped_rows():
   from jaxreplay.run import accounting  # pylint: disable=g-import-not-at-top
-  from jaxreplay.run import metrics_row as run_metrics  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import metrics_row  # pylint: disable=g-import-not-at-top
   from jaxreplay.data.buffer import ReplayBuffer  # pylint: disable=g-import-not-at-top
   from jaxreplay.config.defaults import base_config  # pylint: disable=g-import-not-at-top
   from jaxreplay.run.schedules import SimState  # pylint: disable=g-import-not-at-top
@@ -185,9 +185,9 @@ def test_run_metrics_report_the_skipped_rows():
       return np.zeros(0, np.float32)
 
   c = base_config()
-  metrics = run_metrics.RunMetrics.from_config(
+  metrics = metrics_row.RunMetrics.from_config(
       c, ReplayBuffer(8), accounting.ComputeAccountant(1, 1), Task(), Intake(), SimState(),
-      run_metrics.MismatchProbe(lambda p, b: None, 0, (16,), 1))
+      metrics_row.MismatchProbe(lambda p, b: None, 0, (16,), 1))
   for row in (metrics.first_row({}), metrics.row(1, 1, {})):
     assert row["data/skipped_rows"] == 3.0 and row["data/skipped_eval_rows"] == 1.0
   assert c.task.max_skip_fraction == 0.01 and c.task.reward_memory_gib == 2.0

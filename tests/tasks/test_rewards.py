@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require
 from jaxreplay.config import validation
 from jaxreplay.tasks import arithmetic, math_data, rewards
+from tests.helpers.deps import require
 
 require("math_verify")
 
@@ -211,7 +211,7 @@ def _problems(tmp_path):
 def test_reward_plugin_runs_in_reward_processes_with_a_time_limit(tmp_path):
   problems = _problems(tmp_path)
   task = math_data.MathTask(problems, problems, reward_timeout_s=2.0, num_reward_workers=2,
-                            reward_fn="reward_plugins:digits")
+                            reward_fn="tests.helpers.reward_plugins:digits")
   try:
     scores = task.score_batch(["the sum is 2", "it is 8", "7", "sleep"],
                               [problems[0], problems[0], problems[1], problems[1]])
@@ -226,11 +226,11 @@ def test_reward_plugin_runs_in_reward_processes_with_a_time_limit(tmp_path):
 
 @pytest.mark.parametrize("spec, message", [
     ("no_such_module_here:score", "cannot import module 'no_such_module_here'"),
-    ("reward_plugins:missing", "has no attribute 'missing'"),
-    ("reward_plugins", "expected 'module:function'"),
-    ("reward_plugins:one_argument", r"cannot be called as fn\(completion: str, answer: str\)"),
-    ("reward_plugins:returns_text", "warm-up call .* failed: ValueError"),
-    ("reward_plugins:raises", "warm-up call .* failed: KeyError"),
+    ("tests.helpers.reward_plugins:missing", "has no attribute 'missing'"),
+    ("tests.helpers.reward_plugins", "expected 'module:function'"),
+    ("tests.helpers.reward_plugins:one_argument", r"cannot be called as fn\(completion: str, answer: str\)"),
+    ("tests.helpers.reward_plugins:returns_text", "warm-up call .* failed: ValueError"),
+    ("tests.helpers.reward_plugins:raises", "warm-up call .* failed: KeyError"),
 ])
 def test_a_bad_reward_plugin_fails_at_build_naming_the_fix(tmp_path, spec, message):
   problems = _problems(tmp_path)
@@ -247,7 +247,7 @@ def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
   c.task.name = "math"
   c.task.path = str(tmp_path / "d.jsonl")
   c.task.eval_path = str(tmp_path / "eval.jsonl")
-  c.task.reward_fn = "reward_plugins:digits"
+  c.task.reward_fn = "tests.helpers.reward_plugins:digits"
   c.task.num_reward_workers = 3
   validation.validate_config(c)
   task = build.make_task(c.task)
@@ -259,15 +259,15 @@ def test_build_wires_reward_fn_eval_path_and_reward_workers(tmp_path):
   finally:
     task.close()
   c.task.eval_path = str(tmp_path / "missing.jsonl")
-  c.task.reward_fn = "reward_plugins.digits"
+  c.task.reward_fn = "tests.helpers.reward_plugins.digits"
   c.task.num_reward_workers = 0
   with pytest.raises(ValueError) as e:
     validation.validate_config(c)
   assert "task.eval_path=" in str(e.value) and "does not exist" in str(e.value)
-  assert "task.reward_fn='reward_plugins.digits': expected 'module:function'" in str(e.value)
+  assert "task.reward_fn='tests.helpers.reward_plugins.digits': expected 'module:function'" in str(e.value)
   assert "task.num_reward_workers=0 must be >= 1" in str(e.value)
   c = base_config()
-  c.task.reward_fn = "reward_plugins:digits"
+  c.task.reward_fn = "tests.helpers.reward_plugins:digits"
   with pytest.raises(ValueError, match="task.reward_fn=.* is only read by task.name='math'"):
     validation.validate_config(c)
 
@@ -327,7 +327,7 @@ def test_async_deliveries_score_in_parallel_reward_processes(tmp_path, monkeypat
   monkeypatch.setenv("JAXREPLAY_TEST_RENDEZVOUS", str(tmp_path))  # read by the reward processes
   problems = _problems(tmp_path)
   task = math_data.MathTask(problems, problems, reward_timeout_s=60.0, num_reward_workers=2,
-                            reward_fn="reward_plugins:rendezvous")
+                            reward_fn="tests.helpers.reward_plugins:rendezvous")
   try:
     task._safe.start()  # pylint: disable=protected-access  (both processes up before the race)
     codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset + "0123456789"))

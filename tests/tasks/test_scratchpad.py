@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 
 from jaxreplay.run import build
-from jaxreplay import models
-from jaxreplay import tasks
+from jaxreplay.models import hf_io
+from jaxreplay.models import presets
+from jaxreplay.tasks import tokenizer
 from jaxreplay.sft import greedy_exact_match
 from jaxreplay.sft import noise_kwargs
 from jaxreplay.tasks import arithmetic
 from jaxreplay.tasks import scratchpad as sp
+from tests.helpers.paths import REPO
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SFT = os.path.join(REPO, "assets", "scratchpad-sft")
 
 
@@ -167,15 +168,15 @@ def test_config_builds_the_task_and_sft_noise():
 
 @pytest.fixture(scope="module")
 def warm_start():
-  cfg, params = models.load_hf(SFT, dtype=jnp.float32)
-  return cfg, params, tasks.load_tokenizer(SFT)
+  cfg, params = hf_io.load_hf(SFT, dtype=jnp.float32)
+  return cfg, params, tokenizer.load_tokenizer(SFT)
 
 
 def test_warm_start_tokenizer_matches_model_and_task(warm_start):
   cfg, _, codec = warm_start
-  tasks.check_tokenizer_matches_model(codec, cfg)
+  tokenizer.check_tokenizer_matches_model(codec, cfg)
   c = _config()
-  assert cfg.num_hidden_layers == models.presets.PRESETS[c.model.preset]().num_hidden_layers
+  assert cfg.num_hidden_layers == presets.PRESETS[c.model.preset]().num_hidden_layers
   task = build.make_task(c.task)
   for p in task.eval_set(16):
     assert codec.decode(codec.encode_prompt(p.prompt)) == p.prompt

@@ -5,8 +5,8 @@ restarted by Ray, weights through Ray's object store.
 Only `workers.RolloutBackend` imports this module (and `build` to validate the keys), and only when
 rollout.placement is "ray"; the no-Ray default stays `WorkerPool` over in-process `JaxSampler`s or
 `VllmWorkerProcess`es. The parts:
-  - `ray_actor.RolloutActor` / `WorkerSpec`: what runs in an actor (a JAX sampler or a vLLM engine);
-  - `ray_publisher.ObjectStorePublisher`: one object per version in Ray's object store;
+  - `actor.RolloutActor` / `WorkerSpec`: what runs in an actor (a JAX sampler or a vLLM engine);
+  - `publisher.ObjectStorePublisher`: one object per version in Ray's object store;
   - here, `RayWorker`: the driver's proxy of an actor, a `RolloutWorker`; Ray's actor errors
     (`RayActorError`: died, unavailable, ...) become `WorkerDied`, so a `WorkerPool` drops the
     in-flight request and calls `make_worker(i)` again;
@@ -41,6 +41,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.base import Group, SamplingParams, Weights, WorkerDied
 from jaxreplay.rollout.ray.actor import RolloutActor, WorkerSpec
 from jaxreplay.rollout.ray.publisher import (ObjectStorePublisher, PutRecord,
@@ -112,15 +113,18 @@ class RayWorker:
     return self._call("ping", (), timeout_s)
 
   @property
-  def call_count(self) -> int:
-    """JAX-sampler actors: generate calls so far (the noise stream; `JaxSampler.call_count`).
-    Other actors have no such attribute (`hasattr` is False)."""
-    self._require_jax()
+  def call_count(self) -> Optional[int]:
+    """Actors of samplers that count their calls (the JAX sampler's noise stream): generate calls
+    so far (`JaxSampler.call_count`); None for other actors (`RolloutWorker.call_count`)."""
+    if not self.info.get("counts_calls"):
+      return None
     return self._call("get_call_count", (), 60.0)
 
   @call_count.setter
   def call_count(self, value: int) -> None:
-    self._require_jax()
+    if not self.info.get("counts_calls"):
+      raise ValueError(f"call_count={value}: only actors of samplers that count their calls have it "
+                       f"(this actor runs {self.info.get('backend')!r})")
     self._call("set_call_count", (int(value),), 60.0)
 
   def close(self) -> None:
@@ -132,10 +136,6 @@ class RayWorker:
     actor = self._actor
     if actor is not None:
       ray.kill(actor, no_restart=False)
-
-  def _require_jax(self) -> None:
-    if self.info.get("backend") != "jax":
-      raise AttributeError("call_count: only JAX-sampler actors count their calls")
 
   def _call(self, method: str, args: tuple, timeout_s: Optional[float]):
     actor = self._actor
@@ -428,8 +428,10 @@ class RayRolloutGroup:
       # A checkout (not an installed package): this node, or a shared checkout on the others,
       # finds jaxreplay where the driver found it.
       env.setdefault("PYTHONPATH", f"{_REPO_ROOT}:${{PYTHONPATH}}")
-    if self.spec.backend == "jax" and not self.num_gpus:
-      env.setdefault("JAX_PLATFORMS", "cpu")
+    record = backend_table.BACKENDS.get(self.spec.backend)  # unknown: the actor's start says so
+    if record is not None and not self.num_gpus:  # e.g. a JAX sampler without a GPU: JAX on CPU
+      for key, value in record.actor_env_without_gpus.items():
+        env.setdefault(key, value)
     return {"env_vars": env}
 
   def _create(self, index: int):

@@ -21,7 +21,7 @@ import numpy as np
 import ray
 
 from jaxreplay.models import hf_io
-from jaxreplay.rollout.weights import shm_format as shm_weights
+from jaxreplay.rollout.weights import shm_format
 from jaxreplay.rollout.base import Weights
 from jaxreplay.rollout.weights.shm_publisher import host_copies
 from jaxreplay.rollout.weights.publisher import PublishHistory, PublishRecord
@@ -72,12 +72,12 @@ class ObjectStorePublisher(PublishHistory):
   def __init__(self, cfg, form: str, dtype: Optional[str] = None, keep: int = 3):
     if form not in ("params", "hf"):
       raise ValueError(f"form={form!r}: expected 'params' (JAX samplers) or 'hf' (vLLM engines)")
-    if dtype is not None and dtype not in shm_weights.DTYPES:
-      raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_weights.DTYPES)} or None")
+    if dtype is not None and dtype not in shm_format.DTYPES:
+      raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_format.DTYPES)} or None")
     if keep < 1:
       raise ValueError(f"keep={keep} must be >= 1")
     if not ray.is_initialized():
-      raise RuntimeError("ObjectStorePublisher needs Ray: connect first (ray_workers.connect, or "
+      raise RuntimeError("ObjectStorePublisher needs Ray: connect first (group.connect, or "
                          "a RayRolloutGroup)")
     self.cfg, self.form, self.dtype, self.keep = cfg, form, dtype, int(keep)
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ray-publisher")
@@ -148,6 +148,6 @@ def _hf_state_dict(cfg, params: Any) -> dict[str, np.ndarray]:
   for name, shape, transpose, source in hf_io.hf_sources(cfg, params):
     src = source()
     dst = np.empty(shape, src.dtype)
-    shm_weights.default_copy(dst, src, transpose)
+    shm_format.default_copy(dst, src, transpose)
     out[name] = dst
   return out

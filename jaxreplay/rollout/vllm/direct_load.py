@@ -1,7 +1,7 @@
 """Inside a CPU vLLM worker: a refresh that packs each linear layer straight from the segment.
 
 vLLM's generic reload (`initialize_layerwise_reload` / `model.load_weights` /
-`finalize_layerwise_reload`, the fallback in `vllm_transfer`) materialises every layer's weight in
+`finalize_layerwise_reload`, the fallback in `transfer`) materialises every layer's weight in
 a fresh tensor, copies the segment into it, lets the layer re-pack it for oneDNN, copies the result
 back into the original storage and frees the fresh tensor: on CPU, where a linear layer keeps only
 its packed copy, that is two page-faulting allocations and two extra passes over every byte, and
@@ -24,7 +24,7 @@ layout works too (the fused shards are then concatenated along the output rows).
 
 `plan(model, names)` decides once per model whether the direct load applies: CPU platform, every
 linear layer unquantized with tensor-parallel size 1, oneDNN available, and every linear layer's
-weight (all of its shards) present in the segment. Otherwise it returns None and `vllm_transfer`
+weight (all of its shards) present in the segment. Otherwise it returns None and `transfer`
 keeps vLLM's generic reload.
 
 Imported only in engine processes (it imports torch and vLLM).

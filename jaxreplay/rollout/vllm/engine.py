@@ -17,12 +17,12 @@ all its mass on the argmax, so its log-probs are 0.0 here (vLLM itself would rep
 Stopping: a completion ends after a token of `SamplingParams.stop_token_ids` or of the engine's
 `eos_token_ids` (default: config.json's `eos_token_id`, as the JAX sampler does); that token is kept.
 
-Weight refresh, one RPC either way, called by name through `vllm_transfer.WorkerExtension` so that
+Weight refresh, one RPC either way, called by name through `transfer.WorkerExtension` so that
 it also reaches an engine core in its own process, then a prefix-cache reset:
   - `Weights(version, shm_path=...)` (transport "shm", the default): vLLM's weight-transfer session
-    with the shared-memory engine of `vllm_transfer` (tensors mapped from /dev/shm, no files);
+    with the shared-memory engine of `transfer` (tensors mapped from /dev/shm, no files);
   - `Weights(version, hf_dir=...)` (transport "file"): vLLM's in-place `reload_weights` of the
-    safetensors written by `models.save_hf`.
+    safetensors written by `hf_io.save_hf`.
   - `Weights(version, lora_dir=...)` (LoRA, `max_lora_rank` > 0): the engine keeps its base weights
     (started from the base's HF directory) and registers the version's adapter directory (PEFT's
     format) through vLLM's own LoRA support, as a new adapter id per version (`add_lora` of
@@ -139,16 +139,16 @@ def _check_weights(weights: Weights) -> None:
     raise ValueError(f"vLLM loads weights from an HF directory or a shared-memory segment (LoRA: "
                      f"an adapter directory), but this Weights handle (version {weights.version}) "
                      "has neither; publish them with ShmPublisher.publish or "
-                     "WeightPublisher.publish (or models.save_hf; LoRA: AdapterDirPublisher) and "
+                     "FilePublisher.publish (or hf_io.save_hf; LoRA: AdapterDirPublisher) and "
                      "pass that handle")
 
 
 def _check_hf_dir(hf_dir: str, weights: bool = True) -> None:
   if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-    raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with models.save_hf(cfg, params, "
-                            "dir) or WeightPublisher.publish")
+    raise FileNotFoundError(f"{hf_dir!r} has no config.json; write it with "
+                            "hf_io.save_hf(cfg, params, dir) or FilePublisher.publish")
   if weights and not glob.glob(os.path.join(hf_dir, "*.safetensors")):
-    raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with models.save_hf "
+    raise FileNotFoundError(f"{hf_dir!r} has no *.safetensors weights; write it with hf_io.save_hf "
                             "(or start the engine with weights_pending=True and load a segment)")
 
 
@@ -163,10 +163,11 @@ def request_seed(engine_seed: int, sampling_seed: int, call_index: int, prompt_i
 
 
 class VllmEngine:
-  """An in-process offline vLLM engine behind the `RolloutWorker` protocol.
+  """An in-process offline vLLM engine behind the `RolloutWorker` protocol (no call counter: each
+  request is seeded by `request_seed`, `call_count` is None).
 
   Args:
-    hf_dir: a directory written by `models.save_hf` (config.json + safetensors), or with
+    hf_dir: a directory written by `hf_io.save_hf` (config.json + safetensors), or with
       `weights_pending` one with config.json only (`ShmPublisher.model_dir`).
     policy_version: the version tag of the weights in `hf_dir`.
     weights_pending: start with random stand-in weights (vLLM `load_format="dummy"`); `generate`
@@ -192,6 +193,8 @@ class VllmEngine:
       and its LoRA kernels gather the adapters per token: decoding is ~2x slower.
   """
 
+  call_count = None  # `RolloutWorker.call_count`: no noise stream follows the calls
+
   def __init__(self, hf_dir: str, *, policy_version: int = 0, max_model_len: int = 1024,
                max_num_seqs: int = 256, dtype: str = "float32", seed: int = 0,
                eos_token_ids: Optional[Sequence[int]] = None,
@@ -214,8 +217,8 @@ class VllmEngine:
     api_surface.check()  # every vLLM name the engine and its refreshes use, before weights move
     from vllm.config import WeightTransferConfig  # pylint: disable=g-import-not-at-top
     from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
-    from jaxreplay.rollout.vllm import transfer as vllm_transfer  # pylint: disable=g-import-not-at-top
-    vllm_transfer.register()  # this process's factory (an engine-core process imports it itself)
+    from jaxreplay.rollout.vllm import transfer  # pylint: disable=g-import-not-at-top
+    transfer.register()  # this process's factory (an engine-core process imports it itself)
     self._vllm = vllm
     self._tokens_prompt = TokensPrompt
     self.seed = int(seed)
@@ -230,7 +233,7 @@ class VllmEngine:
     self.generate_seconds = 0.0
     self.last_update_seconds = 0.0
     # shm refreshes on CPU: re-pack each linear layer straight from the segment
-    # (`vllm_direct_load`); False keeps vLLM's generic layerwise reload (for comparisons).
+    # (`rollout.vllm.direct_load`); False keeps vLLM's generic layerwise reload (for comparisons).
     self.direct_load = True
     self.last_update_phases: dict[str, float] = {}
     self._has_weights = not weights_pending and not max_lora_rank  # LoRA: after the first adapter
@@ -397,7 +400,8 @@ class VllmEngine:
 
   def _check_prompts(self, prompts, n, sampling) -> list[np.ndarray]:
     if not isinstance(sampling, SamplingParams):
-      raise TypeError(f"sampling must be a jaxreplay.rollout.SamplingParams, got {type(sampling)}")
+      raise TypeError(
+          f"sampling must be a jaxreplay.rollout.base.SamplingParams, got {type(sampling)}")
     if n < 1:
       raise ValueError(f"n={n} must be >= 1")
     if len(prompts) == 0:
@@ -458,6 +462,8 @@ class VllmWorkerProcess:
     env: environment variables for the child, set before it starts (so before it imports vLLM), e.g.
       `VLLM_CPU_OMP_THREADS_BIND`.
   """
+
+  call_count = None  # `RolloutWorker.call_count`: the engine's, none
 
   def __init__(self, hf_dir: str, *, startup_timeout_s: float = 300.0,
                request_timeout_s: Optional[float] = None, env: Optional[dict[str, str]] = None,

@@ -7,7 +7,7 @@ An engine built with `weight_transfer_config=WeightTransferConfig(backend=SHM_BA
 in `Worker.load_model`; one refresh is vLLM's own session on the worker:
 
   start_weight_update   -> initialize_layerwise_reload(model)
-  update_weights(info)  -> map the segment (`rollout.shm_weights`) and model.load_weights(views)
+  update_weights(info)  -> map the segment (`weights.shm_format`) and model.load_weights(views)
   finish_weight_update  -> finalize_layerwise_reload(model, model_config), re-pack a tied LM head
 
 `WorkerExtension.jaxreplay_load_shm(path, version)` runs that session in one RPC and returns its
@@ -32,8 +32,8 @@ from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightT
                                                    WeightTransferUpdateInfo)
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from jaxreplay.rollout.weights import shm_format as shm_weights
-from jaxreplay.rollout.vllm import direct_load as vllm_direct_load
+from jaxreplay.rollout.weights import shm_format
+from jaxreplay.rollout.vllm import direct_load
 from jaxreplay.rollout.vllm.worker_side import (_RELOAD_LOGGER, SHM_BACKEND,
                                                 _BenignReloadWarnings, _reload_worker_weights,
                                                 _repack_tied_head)
@@ -54,7 +54,7 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _torch_views(reader: shm_weights.SegmentReader):
+def _torch_views(reader: shm_format.SegmentReader):
   """(HF name, torch view) per tensor of `reader`'s segment (bfloat16 included). Every view shares
   one storage, the whole read-only mapping, so that shards stored side by side can be taken as one
   strided matrix; vLLM only copies from them (torch's warning about a read-only array is
@@ -111,12 +111,12 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
 
   def __init__(self, config, vllm_config, device, model):
     super().__init__(config, vllm_config, device, model)
-    self._reader: Optional[shm_weights.SegmentReader] = None
+    self._reader: Optional[shm_format.SegmentReader] = None
     self._timer: Optional[_RepackTimer] = None
     self._phase: dict[str, float] = {}
     self.last_stats: dict[str, float] = {}
     self._direct_names: Optional[tuple[str, ...]] = None
-    self._direct: Optional[vllm_direct_load.DirectCpuLoad] = None
+    self._direct: Optional[direct_load.DirectCpuLoad] = None
 
   def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
     del init_info
@@ -138,7 +138,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     """Maps and locks the segment before a session starts, so that a superseded one
     (`StaleWeights`) is refused while the model still holds its weights untouched."""
     self._close_reader()
-    self._reader = shm_weights.SegmentReader(path, version)
+    self._reader = shm_format.SegmentReader(path, version)
 
   def receive_weights(self, update_info: ShmUpdateInfo) -> None:
     """Maps the segment (unless `open_segment` did; held until `finish_weight_update`: layers
@@ -172,7 +172,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     self.last_stats = dict(self._phase)
 
   def load_direct(self, path: str, version: int) -> Optional[dict[str, float]]:
-    """The refresh of `vllm_direct_load` (CPU: each linear layer re-packed straight from the
+    """The refresh of `rollout.vllm.direct_load` (CPU: each linear layer re-packed straight from the
     segment), outside vLLM's session; its phases, or None where it does not apply (nothing is
     loaded then). Raises `StaleWeights` as `open_segment` does."""
     start = time.perf_counter()
@@ -180,7 +180,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     try:
       names = tuple(entry[0] for entry in self._reader.header["tensors"])
       if names != self._direct_names:
-        self._direct = vllm_direct_load.plan(self.model, list(names))
+        self._direct = direct_load.plan(self.model, list(names))
         self._direct_names = names
       if self._direct is None:
         return None
@@ -229,7 +229,7 @@ class WorkerExtension:
     _reload_worker_weights(self, weights_path)
 
   def jaxreplay_load_shm(self, path: str, version: int, direct: bool = True) -> dict[str, Any]:
-    """transport "shm": the segment at `path` loaded, by `vllm_direct_load` where it applies
+    """transport "shm": the segment at `path` loaded, by `rollout.vllm.direct_load` where it applies
     (`direct`; CPU engines) else by one session of vLLM's weight-transfer API; its phases
     (`direct` 1.0 or 0.0 among them).
 
@@ -240,7 +240,7 @@ class WorkerExtension:
     """
     try:
       return self._jaxreplay_load_shm(path, version, direct)
-    except shm_weights.StaleWeights as e:
+    except shm_format.StaleWeights as e:
       return {"stale": 1.0, "message": str(e)}
 
   def _jaxreplay_load_shm(self, path: str, version: int, direct: bool) -> dict[str, float]:

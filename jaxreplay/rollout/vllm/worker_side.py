@@ -13,7 +13,7 @@ class _BenignReloadWarnings(logging.Filter):
   nothing to load by design: rotary embeddings (their cos/sin cache is a computed buffer, not a
   checkpoint tensor) and, when the embeddings are tied, the LM head (its weight is the embedding's).
   Every other layer's warning still shows. Whether a refresh really loaded the weights is checked
-  by comparing log-probs (`run_metrics.MismatchProbe`, which warns when they differ)."""
+  by comparing log-probs (`run.metrics_row.MismatchProbe`, which warns when they differ)."""
 
   def __init__(self, tied_head: bool):
     super().__init__()

@@ -9,7 +9,8 @@ A publisher has
 The publishers: `DeviceCopyPublisher` (here: device copies for in-process JAX samplers),
 `shm_publisher.ShmPublisher` (shared-memory segments, vLLM engines), `file_publisher.FilePublisher`
 (HF directories, vLLM engines) and `rollout.ray.publisher.ObjectStorePublisher` (Ray's object store).
-`rollout.backends.PUBLISHERS` picks one per (rollout.backend, rollout.placement, transport).
+The record of rollout.backend in `rollout.backend_table.BACKENDS` names one per (rollout.placement,
+transport).
 
 Publishers that write to /dev/shm keep their files under a root claimed here (`claim_root`): a
 directory flock-ed for the publisher's life, removed at exit and by the next run after a kill.
@@ -47,31 +48,6 @@ class PublishRecord:
   stall_s: float
   write_s: float = float("nan")
   location: str = ""
-
-  # The names of the per-publisher records this one replaced.
-  @property
-  def shm_path(self) -> str:
-    return self.location
-
-  @property
-  def hf_dir(self) -> str:
-    return self.location
-
-  @property
-  def put_s(self) -> float:
-    return self.write_s
-
-  @property
-  def seconds(self) -> float:
-    return self.stall_s
-
-  @property
-  def write_seconds(self) -> float:
-    return self.write_s
-
-  @property
-  def transfer_seconds(self) -> float:
-    return self.stall_s - self.write_s
 
 
 class Publisher(Protocol):

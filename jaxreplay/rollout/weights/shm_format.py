@@ -13,7 +13,7 @@ One segment holds one policy version of every HF tensor of the model, laid out a
               them without transposing, and an engine that fuses q/k/v reads one strided matrix)
   data        from the first 4096-byte boundary after the header
 
-so that a reader (a vLLM engine in another process, `rollout.vllm_transfer`) maps the file and
+so that a reader (a vLLM engine in another process, `rollout.vllm.transfer`) maps the file and
 hands vLLM views of it: no (de)serialisation, one copy into the engine's own buffers. The reader's
 view of a transposed tensor has the HF shape (a strided view), so names and shapes are HF's either way.
 

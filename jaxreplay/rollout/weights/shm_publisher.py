@@ -6,7 +6,7 @@ the engines' dtype first, e.g. bfloat16) into one of two reused host staging buf
 `Weights` handle at once; a background thread then writes the HF-named, HF-layout tensors (names
 and transposes from `models.layout.RULES`, through `hf_io.hf_sources`) into a shared-memory
 segment (`shm_format`: a reused /dev/shm slot, no serialisation) and settles the handle's
-`ready` future. The engines load the segment between two requests (`rollout.vllm_transfer`); a
+`ready` future. The engines load the segment between two requests (`rollout.vllm.transfer`); a
 worker whose newest target is not written yet keeps generating at the version it holds
 (`WorkerPool`), and every group carries the version that generated it.
 
@@ -18,7 +18,7 @@ estimates it (`time.publish_stall_s`) against the step. `model_dir` holds config
 starting engines (`load_format="dummy"`, then the first segment).
 
 `kernel_layout="jax"` (what CPU runs use: their engines re-pack every kernel from the trainer's
-[in, out] layout anyway, `rollout.vllm_direct_load`) stores each kernel as the trainer holds it
+[in, out] layout anyway, `rollout.vllm.direct_load`) stores each kernel as the trainer holds it
 (marked in the segment's header; readers still see HF names and shapes). Nothing is transposed
 then, so the trainer's thread copies the params straight into the segment: one copy of the model
 instead of two, no staging buffers, `ready` settled on return; `write_s` is part of `stall_s`.
@@ -41,7 +41,7 @@ import numpy as np
 from jaxreplay.models import hf_io
 from jaxreplay.models import layout
 from jaxreplay.models.config import ModelConfig
-from jaxreplay.rollout.weights import shm_format as shm_weights
+from jaxreplay.rollout.weights import shm_format
 from jaxreplay.rollout.base import Weights
 from jaxreplay.rollout.weights.publisher import (PublishHistory, PublishRecord, claim_root,
                                                  release_root)
@@ -154,8 +154,8 @@ class ShmPublisher(PublishHistory):
     self.kernel_layout = kernel_layout
     if keep < 2:
       raise ValueError(f"keep={keep} must be >= 2 (workers load version v while v + 1 is written)")
-    if dtype not in shm_weights.DTYPES:
-      raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_weights.DTYPES)}")
+    if dtype not in shm_format.DTYPES:
+      raise ValueError(f"dtype={dtype!r}: expected one of {sorted(shm_format.DTYPES)}")
     self.cfg, self.dtype, self.keep = cfg, dtype, int(keep)
     self._segment_bytes: Optional[int] = None
     self.root, self._owns_root, self._owner_fd = claim_root(root)
@@ -172,7 +172,7 @@ class ShmPublisher(PublishHistory):
     self.model_dir = os.path.join(self.root, "model")
     os.makedirs(self.model_dir, exist_ok=True)
     hf_io.write_config_files(cfg, self.model_dir, dtype, tokenizer_dir)
-    self._ring = shm_weights.SlotRing(self.root)
+    self._ring = shm_format.SlotRing(self.root)
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shm-publisher")
     self._lock = threading.Lock()
     self._staging_lock = threading.Lock()
@@ -215,7 +215,7 @@ class ShmPublisher(PublishHistory):
                                        record)
       self._versions.append(version)
       self.history.append(record)
-    return Weights(version=version, shm_path=record.shm_path, cfg=self.cfg, ready=future)
+    return Weights(version=version, shm_path=record.location, cfg=self.cfg, ready=future)
 
   def wait(self) -> None:
     """Blocks until every segment published so far is written."""
@@ -244,8 +244,8 @@ class ShmPublisher(PublishHistory):
     """An upper bound of one segment's file size: its tensors in `dtype` plus the header and the
     alignment of each tensor (`shm_format.plan_layout`)."""
     shapes = [r.hf_shape(cfg) for _, r, _ in layout.entries(cfg)]
-    data = sum(int(np.prod(s)) for s in shapes) * shm_weights.DTYPES[dtype].itemsize
-    return data + 2 * shm_weights.DATA_ALIGN + len(shapes) * (shm_weights.TENSOR_ALIGN + 256)
+    data = sum(int(np.prod(s)) for s in shapes) * shm_format.DTYPES[dtype].itemsize
+    return data + 2 * shm_format.DATA_ALIGN + len(shapes) * (shm_format.TENSOR_ALIGN + 256)
 
   @staticmethod
   def max_slots(keep: int, kernel_layout: str = "hf") -> int:
@@ -277,7 +277,7 @@ class ShmPublisher(PublishHistory):
     if self._segment_bytes is None:
       shapes = [r.hf_shape(self.cfg) for _, r, _ in layout.entries(self.cfg)]
       self._segment_bytes = (sum(int(np.prod(s)) for s in shapes)
-                             * shm_weights.DTYPES[self.dtype].itemsize)
+                             * shm_format.DTYPES[self.dtype].itemsize)
     return self._segment_bytes
 
   def _copy_to_host(self, index: int, leaves: list[Any]) -> list[np.ndarray]:

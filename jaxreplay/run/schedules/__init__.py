@@ -20,7 +20,12 @@ Events at equal times are processed trainer first, then workers by index; work i
 workers first (so they sample with the weights just published), then the trainer. The real
 computation runs in that order on this machine (one local worker generates for every virtual one),
 so the buffer sees exactly the staleness pattern of the real pipeline on the modelled hardware, and
-the same seed gives the same run bit for bit, whatever this machine's speed.
+the same seed gives the same run bit for bit, whatever this machine's speed. With
+`scheduler.generation_batch` K > 1 the local worker generates a request together with the K - 1
+requests expected next, at the same weights (`LocalWorker`): request m still draws the noise of
+call m, and is served from that call only if it starts at the same weights version, so the
+requests, their tokens and the virtual clock are those of K = 1 (bit for bit where the sampler's
+batches keep their shape, i.e. the same prompt bucket; else up to its float rounding).
 
 Synchronous schedule (`SyncScheduler`): the theory's setting (PAPER.md, Section 4). Each step
 generates R = `rollouts_per_step` rollouts with the current policy into the buffer (a FIFO of N),
@@ -42,6 +47,9 @@ run jobs at once; `close()` releases the workers (also when `run` never started)
 """
 from __future__ import annotations
 
+import importlib
+
+from jaxreplay.config import schedule_table
 from jaxreplay.run.schedules.async_ import AsyncScheduler, FollowerScheduler, LeaderStopped
 from jaxreplay.run.schedules.base import (GenerationCost, Hooks, Job, LocalWorker, MakeWorker,
                                           Schedule, SimState, _LocalJobs, decode_group,
@@ -49,19 +57,24 @@ from jaxreplay.run.schedules.base import (GenerationCost, Hooks, Job, LocalWorke
 from jaxreplay.run.schedules.simulated import SimulatedScheduler
 from jaxreplay.run.schedules.sync import SyncScheduler
 
-# config.scheduler.kind -> its schedule (`jaxreplay.config.validation.SCHEDULES` lists the same kinds).
-SCHEDULES: dict[str, type[Schedule]] = {
-    cls.kind: cls for cls in (SimulatedScheduler, SyncScheduler, AsyncScheduler)}
-
-
 def schedule_class(kind: str) -> type[Schedule]:
-  """The schedule class of `config.scheduler.kind` (ask it what the schedule is)."""
+  """The schedule class of `config.scheduler.kind` (ask it what the schedule is): its record's
+  `cls` in the table `config.schedule_table.SCHEDULES` (an import path, imported now, or the
+  class)."""
   try:
-    return SCHEDULES[kind]
+    entry = schedule_table.SCHEDULES[kind].cls
   except KeyError:
-    raise ValueError(f"scheduler.kind={kind!r}: expected one of {tuple(SCHEDULES)}") from None
+    raise ValueError(f"scheduler.kind={kind!r}: expected one of "
+                     f"{tuple(schedule_table.SCHEDULES)}") from None
+  if isinstance(entry, str):
+    module, _, name = entry.partition(":")
+    entry = getattr(importlib.import_module(module), name)
+  if not (isinstance(entry, type) and issubclass(entry, Schedule)) or entry.kind != kind:
+    raise TypeError(f"schedule_table.SCHEDULES[{kind!r}].cls is {entry!r}: expected a Schedule "
+                    f"subclass whose kind is {kind!r}")
+  return entry
 
 
 __all__ = ["AsyncScheduler", "FollowerScheduler", "GenerationCost", "Hooks", "Job", "LeaderStopped",
-           "LocalWorker", "MakeWorker", "SCHEDULES", "Schedule", "SimState", "SimulatedScheduler",
+           "LocalWorker", "MakeWorker", "Schedule", "SimState", "SimulatedScheduler",
            "SyncScheduler", "decode_group", "encode_group", "schedule_class", "virtual_costs"]

@@ -58,10 +58,11 @@ class AsyncScheduler(Schedule):
                      "and the rollout workers", jax.process_index())
         return FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
     ray = c.rollout.get("placement", "local") == "ray"  # Ray's restarts cap the pool's too
-    scheduler = cls(parts.rollouts.make_worker, c.rollout.num_workers,
-                    requests_per_call=parts.rollouts.requests_per_call, channel=channel,
+    rollouts = parts.generation.rollouts
+    scheduler = cls(rollouts.make_worker, c.rollout.num_workers,
+                    requests_per_call=rollouts.requests_per_call, channel=channel,
                     max_restarts=c.rollout.ray_max_restarts if ray else 5)
-    parts.metrics.pool_metrics = scheduler.pool_metrics
+    parts.telemetry.metrics.pool_metrics = scheduler.pool_metrics
     return scheduler
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
@@ -231,6 +232,3 @@ class FollowerScheduler(Schedule):
       handle = hooks.train_on(rollouts, now)
       hooks.publish_if_due(handle)
       hooks.finish_step(handle, now)
-
-  def close(self) -> None:
-    pass

@@ -37,7 +37,7 @@ class SyncScheduler(_LocalJobs):
   @classmethod
   def from_parts(cls, parts) -> "SyncScheduler":
     c = parts.config
-    return cls(parts.rollouts.make_worker, c.rollout.num_workers, c.trainer.num_devices,
+    return cls(parts.generation.rollouts.make_worker, c.rollout.num_workers, c.trainer.num_devices,
                c.scheduler.rollouts_per_step, **virtual_costs(parts))
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, num_trainer_devices: int,
