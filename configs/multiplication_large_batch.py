@@ -36,7 +36,7 @@ def get_config():
   c.scheduler.train_seconds_per_step = BATCH / 32
   c.compute_budget = 200 * (1.0 + c.scheduler.mu) * c.scheduler.train_seconds_per_step
   c.total_steps = 4000                # a cap: the budget ends every run first
-  c.trainer.buckets = (64, 80)
+  c.trainer.buckets = (72, 80)       # prompt (<= 10) + solution (<= 62) fit 72
   c.eval.pass1_problems = 0           # all of eval.num_problems
   c.log.diagnostics_every = 5
   c.checkpoint.every = 50
