@@ -44,14 +44,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.lora_dtype = "float32"   # the adapters' (and their Adam state's) dtype: float32 | bfloat16
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
+  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) |
+                                   # multiplication (by one digit, worked solution) | math
   c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
   c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
                                    # removed from training; empty: a hashed 5% of task.path
   c.task.problem_key = "problem"
   c.task.answer_key = "answer"
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
-  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n)
+  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n);
+                                   # multiplication: the multiplicand's
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
   c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
@@ -284,8 +286,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry;
                                    # scratchpad: probability that a demonstration forgets a carry
   c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
-                                   # demonstrations misremember (written as sum +- 1)
-  c.sft.slip_range = (0.4, 0.95)   # scratchpad: probability range of writing a misremembered fact
+                                   # demonstrations misremember (written as sum +- 1);
+                                   # multiplication: share of the 64 times-table facts x * y
+                                   # (x, y in 2..9), written as (x +- 1) * y
+  c.sft.slip_range = (0.4, 0.95)   # scratchpad / multiplication: probability range of writing a
+                                   # misremembered fact
 
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0

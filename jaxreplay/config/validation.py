@@ -21,8 +21,9 @@ from jaxreplay.config import devices as devices_lib
 from jaxreplay.config import schedule_table
 from jaxreplay.rollout import backend_table
 
-TASKS = ("arithmetic", "scratchpad", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
+TASKS = ("arithmetic", "scratchpad", "multiplication", "math")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a
+                                                                   # character tokenizer
 
 
 CHARGE_DIAGNOSTICS = ("auto", "on", "off")  # log.charge_diagnostics (run.regime.charges_diagnostics)

@@ -54,7 +54,7 @@ def make_task(t):
   """The task of a config's task section `t` (config.task: `tasks.make_task` with its keys)."""
   if t.name == "arithmetic":
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
-  elif t.name == "scratchpad":
+  elif t.name in ("scratchpad", "multiplication"):
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
   else:
     kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
