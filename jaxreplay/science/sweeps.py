@@ -324,6 +324,10 @@ NEWEST_FAMILIES: tuple[tuple[str, tuple], ...] = (
                ("buffer.fresh_base", "reward"), ("buffer.fresh_alpha", 0.6))),
     ("ppo_epochs", ON_POLICY + (("trainer.ppo_epochs", 2), ("trainer.ppo_minibatches", 2))),
 )
+# The second task's decisive sweep (issue 37 item 3), `--sweep=pareto_multiplication`: its
+# large-batch config (B, N, budget and rate fixed from on-policy runs only) and its families.
+MULTIPLICATION_CONFIG = "configs/multiplication_large_batch.py"
+MULTIPLICATION_FAMILIES = ("onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate")
 # Every family by name (`pareto_task` builds a task's decisive sweep from a list of these).
 FAMILIES: dict[str, tuple] = dict(DECISIVE_FAMILIES + NEWEST_FAMILIES)
 # The decisive protocol without what is specific to the scratchpad task (its 56-token bucket).
@@ -359,10 +363,8 @@ def pareto_task(task: str, config: str, families: Sequence[str],
   `PARETO_LR_FACTORS` x the base config's learning rate, each paired with on-policy at the same
   rate, to 200 on-policy updates of `config` (a large-batch config: its B, N, budget and rate were
   fixed from on-policy runs), pass@1 on all held-out problems at the dense grid (`protocol`: the
-  decisive one without the scratchpad's bucket). Register it with one line in `_sweeps()` once
-  the config is on main, e.g.
-    pareto_task("multiplication", "configs/multiplication_large_batch.py",
-                ("onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate"))."""
+  decisive one without the scratchpad's bucket). Registered in `_sweeps()` with one line each:
+  `pareto_multiplication` (`MULTIPLICATION_CONFIG`, `MULTIPLICATION_FAMILIES`)."""
   unknown = [f for f in families if f not in FAMILIES]
   if unknown or "onpolicy" not in families:
     raise ValueError(f"pareto_{task}: families {list(families)}: need 'onpolicy' (the baseline) "
@@ -452,6 +454,7 @@ def _sweeps() -> dict[str, Sweep]:
       _sync_grid(),
       _pareto_i26(),
       _pareto(),
+      pareto_task("multiplication", MULTIPLICATION_CONFIG, MULTIPLICATION_FAMILIES),
       _stability(),
       _offpolicy_screen(),
   ]

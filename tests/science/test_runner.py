@@ -128,6 +128,8 @@ def test_sweep_figures_from_fake_runs(tmp_path):
   res = json.load(open(os.path.join(out, "results.json")))
   fams = res["sweeps"]["lr_sweep"]["summary"]["families"]
   for fam in ("onpolicy", "replay"):
+    assert {"lrs", "final_by_lr", "best_lr", "best_arm", "bracketed", "final_pass1",
+            "vs_baseline"} <= set(fams[fam])  # the keys from before issue 37, kept
     ctt = fams[fam]["compute_to_target"]
     assert len(ctt) == 4 and set(ctt[0]) >= {"target", "ratio", "ci95", "reached_seeds"}
   assert res["sweeps"]["lr_sweep"]["summary"]["family_targets"]["baseline_family"] == "onpolicy"

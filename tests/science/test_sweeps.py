@@ -121,6 +121,41 @@ def test_the_newest_families_are_added_arms_and_the_old_ones_unchanged():
     validation.validate_config(c)
 
 
+def test_the_running_sweeps_pareto_runs_keep_their_args():
+  """The pareto runs launched from 1af36df (4 families x 3 rates x seeds 0-1; their args as its
+  plan recorded them, `fixtures/pareto_1af36df_args.json`) are planned with exactly those args
+  by today's code: `runner._check_spec` accepts their directories and `execute` skips the finished
+  ones, so they stay valid beside the newest families."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(os.path.dirname(__file__), "fixtures", "pareto_1af36df_args.json")) as f:
+    pinned = json.load(f)["runs"]
+  assert len(pinned) == 24
+  planned = {s.rel_dir: s.args() for s in runner.plan_sweep(sweeps.SWEEPS["pareto"], 2)["specs"]}
+  assert {rel: planned.get(rel) for rel in pinned} == pinned
+
+
+def test_the_multiplication_sweep():
+  """`--sweep=pareto_multiplication` (issue 37 item 3): on-policy, posbias, adaptive,
+  adaptive_nobias and gradient_gate at 1x / 3x / 10x the second task's rate, 200 on-policy updates
+  of its large-batch config, its own buckets (not the scratchpad's)."""
+  sw = sweeps.SWEEPS["pareto_multiplication"]
+  assert sw.config == "configs/multiplication_large_batch.py" and sw.min_seeds == 4
+  plan = runner.plan_sweep(sw, 1)
+  base = runner.load_config(sw.config)
+  assert plan["budget"] == pytest.approx(base.compute_budget)  # 200 updates of 125.4 s
+  assert {a["family"] for a in plan["arms"].values()} == set(sweeps.MULTIPLICATION_FAMILIES)
+  lr = base.trainer.learning_rate
+  for spec in plan["specs"]:
+    o = dict(spec.overrides)
+    assert "trainer.buckets" not in o and o["eval.pass1_problems"] == 0
+    factor = plan["arms"][spec.arm]["tags"]["lr_factor"]
+    assert o["trainer.learning_rate"] == pytest.approx(factor * lr, rel=1e-3)
+    c = runner.load_config(spec.config)
+    sweeps.apply(c, spec.overrides)
+    validation.validate_config(c)
+
+
 def test_a_tasks_decisive_sweep_from_a_config_and_families():
   """`pareto_task` (the second task's sweep, registered in one line once its config exists),
   built here on the scratchpad's large-batch config."""
