@@ -28,8 +28,9 @@ the behaviour log-probs stay those of generation (the PPO clip's old policy).
       gate costs nothing beyond a normal step (the energy is read off the step's own gradient); a
       fired update is charged as the step it was (its forward and backward ran).
 
-      What the paper says (its abstract; the text was not available here, so this follows two
-      secondary accounts of it, a summary page listing its claims and a Q&A digest): DGG
+      What the paper says (its abstract; its full text is not in the reference stores searched
+      here, so this follows secondary accounts of it: a summary page listing its claims,
+      mouseion-sites.pages.dev/topics/dynamic-gradient-gating, and a Q&A digest): DGG
       "monitors the lm_head gradient norm in real time and intercepts harmful gradients before
       they corrupt the optimizer"; it "monitors lm_head gradient energy and its step-wise
       increment", keeps running mean and standard deviation estimates and fires when "the
