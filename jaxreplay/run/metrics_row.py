@@ -83,7 +83,10 @@ Keys of a row, by source (units in brackets):
                                  gradient_gate): batch_reuse/index (the update's number on its
                                  batch, from 1), batch_reuse/epoch (ppo, from 0); on the row that
                                  ends a batch batch_reuse/updates (updates applied to it) and
-                                 batch_reuse/epochs (epochs taken)
+                                 batch_reuse/epochs (epochs taken). The buffer's last-sample keys
+                                 (`buffer_keys.LAST_SAMPLE_KEYS`: the batch's use counts and
+                                 staleness when sampled) are on the row of the batch's first update
+                                 only: the later ones sample nothing
   gate/*                         the gradient gate (gradient_gate): gate/lm_head_grad_energy
                                  (squared norm of the LM head's unclipped gradient), gate/fired (1:
                                  update intercepted, the batch ends), gate/bound (the energy that
@@ -112,6 +115,7 @@ import numpy as np
 
 from jaxreplay.run import accounting
 from jaxreplay.run import schedules
+from jaxreplay.data import buffer_keys
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.infra import sharding
 from jaxreplay.data.experience import to_rollouts
@@ -302,6 +306,9 @@ class RunMetrics:
     row["fresh_rollouts"] = float(fresh.size)
     row["diag/zero_variance_fraction"] = zero_variance_fraction(fresh, self.group_size)
     row.update(self.buffer.metrics(current_version=step))
+    if step_metrics.get("batch_reuse/index", 1.0) > 1:  # a held batch's later update: no sample
+      for key in buffer_keys.LAST_SAMPLE_KEYS:  # (so a resume mid-batch gives the same rows)
+        row.pop(key, None)
     row.update(self.accountant.metrics())
     row["compute/measured_seconds"] = row["compute_seconds"]
     sim = self.sim()

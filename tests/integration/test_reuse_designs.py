@@ -49,6 +49,8 @@ def test_ppo_epochs_updates_minibatches_and_compute(tmp_path):
   assert [r["batch_reuse/epoch"] for r in rows] == [0, 0, 1, 1, 0, 0]
   assert rows[3]["batch_reuse/updates"] == 4 and rows[3]["batch_reuse/epochs"] == 2
   assert "batch_reuse/updates" not in rows[4]
+  # the buffer's sample keys on a batch's first update only (the later ones sample nothing)
+  assert [("buffer/staleness_mean" in r) for r in rows] == [True, False, False, False, True, False]
   for i, r in enumerate(rows, start=1):
     assert r["sim/training_device_seconds"] == pytest.approx(i * TRAIN_SECONDS / 2)
     want = (r["sim/generation_device_seconds"] + r["sim/training_device_seconds"]) / (
