@@ -40,7 +40,16 @@ def _eval_words(sweep: dict[str, Any]) -> dict[str, str]:
       "top_p", 1.0)
   return {"pass1": f"pass@1 (T={t1:g}, top-p {top_p:g})",
           "passk": f"T={tk:g}, top-p {top_p:g}",
-          "problems": f"{ev.get('num_problems', '?')} held-out problems"}
+          "problems": f"{ev.get('num_problems', '?')} held-out problems",
+          "pass1_problems": _pass1_problems(ev)}
+
+
+def _pass1_problems(ev: dict[str, Any]) -> str:
+  """The held-out problems of the pass@1-only evaluations between the full ones (eval.pass1_problems;
+  0 = all of eval.num_problems)."""
+  n, every = ev.get("pass1_problems", 0), ev.get("num_problems", "?")
+  return f"{every} held-out problems" if not n or n == every else (
+      f"{n} held-out problems ({every} at the start and end)")
 
 
 def _new_figure(panels: int, width: float = 5.5, height: float = 4.0):
@@ -252,7 +261,7 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
   ax.axhline(1.0, color="black", linewidth=1.0, label=f"1.0: as much compute as {base}")
   ax.axhline(GOAL_RATIO, color="black", linestyle="--", linewidth=1.0,
              label=f"{GOAL_RATIO}: the goal (<= {GOAL_RATIO}x {base}'s compute)")
-  ax.set_xlabel(f"target accuracy: {words['pass1']} on {words['problems']}")
+  ax.set_xlabel(f"target accuracy: {words['pass1']} on {words['pass1_problems']}")
   ax.set_ylabel(f"compute to reach the target / {base}'s compute (ratio)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize="small")

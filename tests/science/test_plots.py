@@ -38,7 +38,7 @@ def test_compute_to_target_figure_is_written(tmp_path):
   ratios = [e["ratio"] for e in fams["replay"]["compute_to_target"]]
   assert len(ratios) == 4 and all(abs(r - 1 / 1.6) < 1e-9 for r in ratios)
   words = {"pass1": "pass@1 (T=0.1, top-p 0.95)", "passk": "T=1, top-p 0.95",
-           "problems": "1024 held-out problems"}
+           "problems": "1024 held-out problems", "pass1_problems": "1024 held-out problems"}
   path = plots.plot_compute_to_target("pareto", sweep, str(tmp_path / "c.png"), words)
   assert path and os.path.getsize(path) > 10_000
   with open(path, "rb") as f:
@@ -47,3 +47,12 @@ def test_compute_to_target_figure_is_written(tmp_path):
   assert str(tmp_path / "figs" / "pareto_compute_to_target.png") in written
   sweep["summary"]["families"] = {}
   assert plots.plot_compute_to_target("pareto", sweep, str(tmp_path / "d.png"), words) is None
+
+
+def test_the_compute_to_target_axis_names_the_problems_pass1_was_measured_on():
+  # issue 26's pareto: pass@1 on the first 256 of 1024 problems between the full evaluations
+  assert plots._pass1_problems({"num_problems": 1024, "pass1_problems": 256}) == (
+      "256 held-out problems (1024 at the start and end)")
+  assert plots._pass1_problems({"num_problems": 1024, "pass1_problems": 0}) == (
+      "1024 held-out problems")
+  assert plots._pass1_problems({"num_problems": 64, "pass1_problems": 64}) == "64 held-out problems"
