@@ -45,6 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
+                                   # | calculator (scratchpad with a calculator tool: multi-turn)
   c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
   c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
                                    # removed from training; empty: a hashed 5% of task.path
@@ -61,6 +62,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.num_reward_workers = 4    # math: reward processes; concurrent deliveries score in parallel
   c.task.max_skip_fraction = 0.01  # share of dataset rows (train; held-out separately) that may be
                                    # dropped at load for not fitting model.max_len (else an error)
+  # Multi-turn (`jaxreplay.tasks.environments`, `jaxreplay.rollout.multiturn`): a task with its own
+  # environment (calculator), or any task's problems in a plug-in environment (env_fn).
+  c.task.env_fn = ""               # "module:factory": factory() -> an environment (reset / step);
+                                   # empty: the task's own (calculator) or none (single-turn)
+  c.task.env_max_turns = 8         # the policy's turns per trajectory at most
+  c.task.env_max_tokens = 0        # trajectory budget: prompt + turns + observations [tokens];
+                                   # 0 = model.max_len (never more)
+  c.task.env_step_timeout_s = 5.0  # time limit of one environment call [s] (over: reward 0,
+                                   # counted in env/timeouts)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
@@ -268,6 +278,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
                                    # demonstrations misremember (written as sum +- 1)
   c.sft.slip_range = (0.4, 0.95)   # scratchpad: probability range of writing a misremembered fact
+  c.sft.tool_rate = 0.0            # calculator: probability a demonstration calls the tool on a column
+  c.sft.ignore_rate = 0.0          # calculator: probability it then ignores the tool's result
 
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0

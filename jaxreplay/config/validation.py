@@ -21,8 +21,10 @@ from jaxreplay.config import devices as devices_lib
 from jaxreplay.config import schedule_table
 from jaxreplay.rollout import backend_table
 
-TASKS = ("arithmetic", "scratchpad", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
+TASKS = ("arithmetic", "scratchpad", "math", "calculator")
+# generated problems over a character tokenizer
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "calculator")
+ENV_TASKS = ("calculator",)  # tasks with an environment of their own (multi-turn)
 
 
 def validate_config(c) -> None:
@@ -144,7 +146,32 @@ def task_errors(t) -> list[str]:
   if t.num_reward_workers < 1:
     errors.append(f"task.num_reward_workers={t.num_reward_workers} must be >= 1 (reward "
                   "processes of the math task)")
+  return errors + env_errors(t)
+
+
+def env_errors(t) -> list[str]:
+  """task.env_*: the environment plug-in and the trajectories' limits (multi-turn)."""
+  errors = []
+  env_fn = t.get("env_fn", "")
+  if env_fn and (env_fn.count(":") != 1 or not all(env_fn.split(":"))):
+    errors.append(f"task.env_fn={env_fn!r}: expected 'module:factory' (a function with no "
+                  "arguments that returns an environment, jaxreplay.tasks.environments)")
+  if env_fn and t.name in ENV_TASKS:
+    errors.append(f"task.env_fn={env_fn!r}: task.name={t.name!r} has its own environment; unset "
+                  "task.env_fn or use another task's problems")
+  if t.get("env_max_turns", 1) < 1:
+    errors.append(f"task.env_max_turns={t.env_max_turns} must be >= 1")
+  if t.get("env_max_tokens", 0) < 0:
+    errors.append(f"task.env_max_tokens={t.env_max_tokens} must be >= 0 (tokens; 0 = "
+                  "model.max_len)")
+  if not t.get("env_step_timeout_s", 1.0) > 0:
+    errors.append(f"task.env_step_timeout_s={t.env_step_timeout_s} must be > 0 [s]")
   return errors
+
+
+def multiturn(c) -> bool:
+  """Whether the run's task is an environment's (multi-turn trajectories)."""
+  return c.task.name in ENV_TASKS or bool(c.task.get("env_fn", ""))
 
 
 def rollout_errors(r, model_max_len: int) -> list[str]:
@@ -342,7 +369,11 @@ def scheduler_errors(s, c) -> list[str]:
   if isinstance(k, bool) or not isinstance(k, int) or k < 0:
     errors.append(f"scheduler.generation_batch={k!r} must be an integer >= 0 (requests per sampler "
                   "call; 0 = auto, 1 = one request per call)")
-  elif k != 1:
+  elif k > 1 and multiturn(c):
+    errors.append(f"scheduler.generation_batch={k} generates requests ahead in one sampler call, "
+                  "which a multi-turn task (an environment) does not: set "
+                  "scheduler.generation_batch=1 (or 0: auto, one for a multi-turn task)")
+  elif k != 1 and not multiturn(c):
     placement = c.rollout.get("placement", "local")
     in_process = placement == "local" and all(
         b.on_trainer_devices for b in backend_table.candidates(c.rollout.backend))

@@ -15,6 +15,10 @@ fewest token slots rows * T, each rollout its own segment (segment ids 1, 2, ...
 positions restarting at 0), with advantages, rewards and policy versions per token; see
 `jaxreplay.learner.batch` for the packed layout. The row count is rounded (`packed_row_count`) so that a
 run compiles a bounded number of shapes, and never exceeds the unpacked one.
+
+Multi-turn trajectories (`Rollout.completion_mask` set): the environment's tokens inside a
+completion are targets like the others but get `completion_mask` 0 (and behaviour log-prob 0), in
+either layout; rollouts without a mask are unchanged.
 """
 from __future__ import annotations
 
@@ -125,6 +129,9 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
   segment_ids[:n] = valid
   completion_mask = np.zeros((rows, seq_len), np.float32)
   completion_mask[:n] = in_completion
+  policy = _policy_mask(rollouts)
+  if policy is not None:  # multi-turn: the environment's tokens are no targets of any loss
+    completion_mask[:n][in_completion] = policy
   behaviour_logprobs = np.zeros((rows, seq_len), np.float32)
   behaviour_logprobs[:n][in_completion] = flat_logprobs
 
@@ -138,6 +145,16 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
       completion_mask=completion_mask, behaviour_logprobs=behaviour_logprobs,
       advantages=per_row("advantage", np.float32), rewards=per_row("reward", np.float32),
       policy_version=per_row("policy_version", np.int32))
+
+
+def _policy_mask(rollouts: Sequence) -> Optional[np.ndarray]:
+  """float32 [sum Lc]: the concatenated `completion_mask` of the rollouts (1 for those without
+  one), or None when no rollout has one (single-turn)."""
+  masks = [getattr(r, "completion_mask", None) for r in rollouts]
+  if all(m is None for m in masks):
+    return None
+  return np.concatenate([np.ones(r.completion_tokens.shape[0], np.float32) if m is None
+                         else np.asarray(m, np.float32) for r, m in zip(rollouts, masks)])
 
 
 # ---- packing ------------------------------------------------------------------------------------
@@ -240,7 +257,11 @@ def _collate_packed(rollouts: list, buckets: Sequence[int], pad_id: int,
   targets = scatter(np.where(last, pad_id, tokens.reshape(-1)[next_flat]), np.int32, pad_id)
   # Positions Lp-1 .. L-2 of a rollout predict its completion tokens.
   in_completion = (local >= np.repeat(lp - 1, length)) & ~last
-  completion_mask = scatter(in_completion.astype(np.float32), np.float32)
+  completion = in_completion.astype(np.float32)
+  policy = _policy_mask(rollouts)
+  if policy is not None:  # multi-turn: the environment's tokens are no targets of any loss
+    completion[in_completion] = policy
+  completion_mask = scatter(completion, np.float32)
   behaviour = np.zeros(total, np.float32)
   behaviour[in_completion] = np.concatenate([r.logprobs for r in rollouts])
   behaviour_logprobs = scatter(behaviour, np.float32)

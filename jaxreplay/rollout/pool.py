@@ -2,7 +2,8 @@
 
 Each thread loops: apply the newest weights if its worker is behind, take up to `requests_per_call`
 `PromptBatch`es that the prompt source has, `generate` them in one call (an engine then batches all
-their sequences: 4 prompts x 16 samples leave three quarters of a 256-sequence vLLM engine idle),
+their sequences: 4 prompts x 16 samples leave three quarters of a 256-sequence vLLM engine idle;
+multi-turn requests of one episode runner: all their trajectories, `base.generate_request`),
 run the optional `prepare` stage on each request's `Delivery` (in this thread, concurrently with
 the other threads: e.g. scoring the completions) and hand each `Delivery` (the groups, tagged with
 the policy version that produced them, and what `prepare` returned) to the sink, one at a time.
@@ -38,7 +39,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from jaxreplay.rollout.base import (Delivery, Group, PoolStopped, PromptBatch, RolloutWorker,  # noqa: F401  (re-exported)
-                                    SamplingParams, StaleWeights, Weights, WorkerDied)
+                                    SamplingParams, StaleWeights, Weights, WorkerDied,
+                                    generate_request)
 
 
 @dataclasses.dataclass
@@ -178,7 +180,7 @@ class _WorkerRunner:
     engine batches all their sequences, then delivers each request on its own."""
     pending = list(batches)
     while pending:
-      same = [b for b in pending if (b.n, b.sampling) == (pending[0].n, pending[0].sampling)]
+      same = [b for b in pending if _call_key(b) == _call_key(pending[0])]
       pending = [b for b in pending if all(b is not s for s in same)]
       reason = self._serve_together(same)
       if reason is not None:
@@ -193,9 +195,12 @@ class _WorkerRunner:
     version = self.worker.policy_version
     prompts = [p for b in batches for p in b.prompts]
     n, sampling = batches[0].n, batches[0].sampling
+    episodes = batches[0].episodes
+    for b in batches[1:]:
+      episodes = episodes + b.episodes  # multi-turn requests: one call for all their episodes
     start = time.perf_counter()
     try:
-      groups = self.worker.generate(prompts, n, sampling)
+      groups = generate_request(self.worker, prompts, n, sampling, episodes)
     except WorkerDied as e:
       for b in batches:
         self._drop(b, e)
@@ -208,13 +213,13 @@ class _WorkerRunner:
       for b in batches:
         self._drop(b, stopped)
       return stopped
-    total_tokens = max(sum(len(c.tokens) for g in groups for c in g.completions), 1)
+    total_tokens = max(sum(c.policy_tokens for g in groups for c in g.completions), 1)
     offset = 0
     for b in batches:
       mine = [dataclasses.replace(g, prompt_index=i)
               for i, g in enumerate(groups[offset:offset + len(b.prompts)])]
       offset += len(b.prompts)
-      tokens = sum(len(c.tokens) for g in mine for c in g.completions)
+      tokens = sum(c.policy_tokens for g in mine for c in g.completions)
       share = seconds * tokens / total_tokens if len(batches) > 1 else seconds
       delivery = Delivery(groups=mine, batch=b, worker_index=self.index, policy_version=version,
                           generate_seconds=share, num_tokens=tokens)
@@ -266,6 +271,13 @@ class _WorkerRunner:
     if self.restarts > self.pool.max_restarts:
       raise WorkerDied(f"rollout worker {self.index} died {self.restarts} times "
                        f"(max_restarts={self.pool.max_restarts})")
+
+
+def _call_key(batch: PromptBatch) -> tuple:
+  """Requests with equal keys are generated in one call: same n and settings, and (multi-turn)
+  the same episode runner."""
+  runner = None if batch.episodes is None else id(batch.episodes.runner)
+  return batch.n, batch.sampling, runner
 
 
 def _check_groups(groups: list[Group], num_prompts: int, n: int, version: int) -> None:

@@ -83,7 +83,18 @@ Keys of a row, by source (units in brackets):
                                  rewards are all equal: no GRPO signal)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
                                  gradient or parameters), else 0
-  eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due
+  env/*                          multi-turn tasks only (`rollout.multiturn`): cumulative over
+                                 resumes env/episodes, env/errors (an environment raised or
+                                 returned a malformed value), env/timeouts (over
+                                 task.env_step_timeout_s), env/budget_cuts (trajectories cut by
+                                 the token budget), env/tool_calls; over the trajectories
+                                 delivered since the last row (NaN without): env/turns_mean,
+                                 env/tool_calls_mean, env/tool_correct (correct tool calls /
+                                 calls), env/{stop,max_turns,length,budget,env_error,
+                                 env_timeout}_fraction (how trajectories ended)
+  eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due;
+                                 multi-turn tasks add eval/env/turns_mean, eval/env/tool_calls_mean,
+                                 eval/env/tool_correct, ... of the pass@1 trajectories
 """
 from __future__ import annotations
 
@@ -231,6 +242,7 @@ class RunMetrics:
 
   def _cumulative(self) -> dict[str, float]:
     now = {k: float(v) for k, v in self.task.reward_metrics().items()}
+    now.update(self.intake.env_counts())
     pool = self.pool_metrics()
     now.update({k: float(pool[k]) for k in self.CUMULATIVE_POOL if k in pool})
     for k, v in self._offsets.items():
@@ -299,6 +311,7 @@ class RunMetrics:
     row["time/wall_s"] = self.wall_seconds()
     row.update(self.mismatch.latest)
     row.update(self.pool_metrics())
+    row.update(self.intake.env_metrics())
     row.update(self._cumulative())
     row.update(self._data)
     return row

@@ -1,22 +1,30 @@
 """Tasks: problems, prompts and rewards, plus the tokenizer interface (`tokenizer.TextCodec`).
 
 Every task has `sample(rng, n)`, `eval_set(n)`, `reward(completion, problem)`,
-`score_batch(completions, problems)`, `reward_metrics()`, `charset` and `close()`.
+`score_batch(completions, problems)`, `reward_metrics()`, `charset` and `close()`; a multi-turn
+task also `make_env()` (an environment, `environments`).
 Modules: `arithmetic` (the procedural task), `scratchpad` (addition with worked solutions),
-`math_data` (datasets from files), `rewards`, `tokenizer`, `prompt_check`; `make_task` below.
+`calculator` (scratchpad addition with a calculator tool: multi-turn), `math_data` (datasets from
+files), `environments` (the environment protocol, time limits, plug-ins, tools), `python_tool` (a
+sandboxed Python executor tool for math), `sandbox` (running untrusted code under resource limits),
+`rewards`, `tokenizer`, `prompt_check`; `make_task` below.
 """
-from jaxreplay.tasks import arithmetic, math_data, scratchpad
+from jaxreplay.tasks import arithmetic, calculator, math_data, scratchpad
 
 
 def make_task(name: str, **kwargs):
   """"arithmetic" -> ArithmeticTask(**kwargs); "scratchpad" -> ScratchpadAdditionTask(**kwargs);
-  "math" -> MathTask.from_files(**kwargs) (needs `path`)."""
+  "calculator" -> CalculatorTask(**kwargs); "math" -> MathTask.from_files(**kwargs) (needs
+  `path`)."""
   if name == "arithmetic":
     return arithmetic.ArithmeticTask(**kwargs)
   if name == "scratchpad":
     return scratchpad.ScratchpadAdditionTask(**kwargs)
+  if name == "calculator":
+    return calculator.CalculatorTask(**kwargs)
   if name == "math":
     if "path" not in kwargs:
       raise ValueError("make_task('math') needs path=<local .jsonl/.json/.parquet file or dir>")
     return math_data.MathTask.from_files(**kwargs)
-  raise ValueError(f"unknown task {name!r}; expected 'arithmetic', 'scratchpad' or 'math'")
+  raise ValueError(f"unknown task {name!r}; expected 'arithmetic', 'scratchpad', 'calculator' or "
+                   "'math'")
