@@ -24,6 +24,11 @@ STATE_KEYS = (
 # retired, and each held group's reward range taken from its held members.
 OPTIONAL_STATE_KEYS = ("retired", "retired_use_count_sum", "group_stats_id", "group_stats_min",
                        "group_stats_max")
+# Keys of issue 38, present only when they hold something: "token_versions" (int64, one per
+# completion token, concatenated as "logprobs" is) when a held rollout was continued across
+# weight refreshes; "stale_dropped" / "stale_dropped_unused" with buffer.max_staleness.
+TOKEN_VERSION_KEYS = ("token_versions",)
+STALE_KEYS = ("stale_dropped", "stale_dropped_unused")
 # Per-rollout arrays, one entry per held rollout in logical order.
 PER_ROLLOUT_KEYS = ("uid", "use_count", "reward", "advantage", "policy_version", "group_id",
                     "prompt_len", "completion_len")
@@ -32,11 +37,15 @@ _U64 = (1 << 64) - 1
 
 def rollouts_to_arrays(items: Sequence[Rollout]) -> dict[str, np.ndarray]:
   """The PER_ROLLOUT_KEYS arrays [n] plus prompt_tokens / completion_tokens (int32) and logprobs
-  (float32), each the concatenation over `items` (lengths in prompt_len / completion_len)."""
+  (float32), each the concatenation over `items` (lengths in prompt_len / completion_len); and
+  token_versions (int64, likewise) when any item carries per-token versions."""
   def cat(arrays, dtype):
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
-  return {
+  extra = {}
+  if any(r.token_versions is not None for r in items):
+    extra["token_versions"] = cat([r.versions_per_token() for r in items], np.int64)
+  return {**extra,
       "uid": np.array([r.uid for r in items], np.int64),
       "use_count": np.array([r.use_count for r in items], np.int64),
       "reward": np.array([r.reward for r in items], np.float64),
@@ -64,6 +73,9 @@ def rollouts_from_arrays(state: dict[str, Any], held: int) -> list[Rollout]:
   lps = np.asarray(state["logprobs"])
   if ptok.shape != (int(plen.sum()),) or ctok.shape != (int(clen.sum()),) or lps.shape != ctok.shape:
     raise ValueError("buffer state token arrays do not match prompt_len / completion_len")
+  versions = np.asarray(state["token_versions"]) if "token_versions" in state else None
+  if versions is not None and versions.shape != ctok.shape:
+    raise ValueError("buffer state token_versions does not match completion_len")
   p_off = np.concatenate([[0], np.cumsum(plen)])
   c_off = np.concatenate([[0], np.cumsum(clen)])
   return [Rollout(prompt_tokens=ptok[p_off[i]:p_off[i + 1]].copy(),
@@ -72,7 +84,9 @@ def rollouts_from_arrays(state: dict[str, Any], held: int) -> list[Rollout]:
                   reward=float(arrays["reward"][i]), advantage=float(arrays["advantage"][i]),
                   policy_version=int(arrays["policy_version"][i]),
                   group_id=int(arrays["group_id"][i]),
-                  uid=int(arrays["uid"][i]), use_count=int(arrays["use_count"][i]))
+                  uid=int(arrays["uid"][i]), use_count=int(arrays["use_count"][i]),
+                  token_versions=(None if versions is None else
+                                  versions[c_off[i]:c_off[i + 1]].astype(np.int32)))
           for i in range(held)]
 
 

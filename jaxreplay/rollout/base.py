@@ -45,15 +45,21 @@ class SamplingParams:
 @dataclasses.dataclass
 class Completion:
   """One sampled completion: tokens int32 [L] and their sampler log-probs float32 [L].
-  `finish_reason` is "stop" (a stop token was sampled) or "length" (max_tokens reached)."""
+  `finish_reason` is "stop" (a stop token was sampled) or "length" (max_tokens reached).
+  `versions`: int32 [L], the policy version that sampled each token, for a completion continued
+  across weight refreshes (config `rollout.partial`, module `rollout.partial`); None: every token
+  was sampled at its group's `policy_version`."""
   tokens: np.ndarray
   logprobs: np.ndarray
   finish_reason: str
+  versions: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
 class Group:
-  """The n completions of one prompt, all sampled with weights of `policy_version`."""
+  """The n completions of one prompt, all sampled with weights of `policy_version` (completions
+  continued across a refresh: the version they started at, their oldest tokens'; each token's
+  own is in `Completion.versions`)."""
   prompt_tokens: np.ndarray
   completions: list[Completion]
   policy_version: int
