@@ -53,6 +53,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.answer_key = "answer"
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
   c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n)
+  c.task.digit_decay = 1.0         # arithmetic / scratchpad: P(d digits) ~ digit_decay^(d - min),
+                                   # per operand; 1 = uniform, < 1 a geometric tail of long
+                                   # problems (scratchpad: long-tailed completion lengths)
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
   c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
@@ -86,6 +89,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_in_flight = 0  # prompts a worker takes into one generate call (whole
                                    # requests of prompts_per_request); 0 = auto: vllm fills its
                                    # engine (vllm_max_num_seqs // group_size prompts), jax one request
+  c.rollout.partial = "off"        # partial rollouts (async): off (a refresh reaches a worker
+                                   # between whole requests) | continue (requests advance
+                                   # partial_chunk_tokens per call; at a refresh those in flight
+                                   # continue under the new weights, their prefix as prompt, each
+                                   # token tagged with its version; finished rows are refilled)
+  c.rollout.partial_chunk_tokens = 16  # partial=continue: tokens per call between weight checks
   c.rollout.vllm_kv_cache_gib = 1  # CPU engines: KV cache [GiB] (GPU: vllm_gpu_memory_utilization)
   c.rollout.vllm_gpu_memory_utilization = 0.9  # share of its GPU(s) an engine takes (weights + KV
                                    # cache); lower it when the trainer shares the GPU
@@ -147,6 +156,10 @@ def base_config() -> ml_collections.ConfigDict:
                                    # sampling without replacement, jaxreplay.data.buffer)
   c.buffer.fresh_tau = 4.0         # priority "fresh": the age decay tau [updates]
   c.buffer.max_uses = 0            # a rollout leaves the buffer after this many uses; 0 = no cap
+  c.buffer.max_staleness = 0       # > 0: enforced per token: completion tokens more than this
+                                   # many policy versions old are masked out of a batch, and a
+                                   # rollout whose newest token is that old leaves the buffer;
+                                   # 0 = no limit
   c.buffer.replace_zero_variance = False  # True: rollouts of groups whose rewards are all equal
                                    # are drawn only when the other groups hold fewer than B
                                    # (DAPO's dynamic sampling without extra generation)

@@ -30,7 +30,8 @@ ENV_TASKS = ("calculator",)  # tasks with an environment of their own (multi-tur
 def validate_config(c) -> None:
   """Config conflicts a user can make, caught before anything is built (one ValueError)."""
   errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
-            rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout, c.log) +
+            rollout_errors(c.rollout, c.model.max_len) + partial_errors(c) +
+            buffer_errors(c.buffer, c.rollout, c.log) +
             trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
             devices_errors(c.devices) + log_errors(c))
   if errors:
@@ -124,6 +125,13 @@ def task_errors(t) -> list[str]:
       arithmetic.digit_range(t.num_digits)
     except ValueError as e:
       errors.append(f"task.{e}")
+  decay = t.get("digit_decay", 1.0)
+  if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and decay > 0):
+    errors.append(f"task.digit_decay={decay!r} must be a number > 0 (1 = operand digit counts "
+                  "uniform, < 1 a geometric tail of long problems)")
+  elif decay != 1.0 and t.name not in PROCEDURAL_TASKS:
+    errors.append(f"task.digit_decay={decay} is read by the procedural tasks "
+                  f"{tuple(PROCEDURAL_TASKS)} only (task.name={t.name!r}); leave it at 1.0")
   if not 0.0 <= t.max_skip_fraction <= 1.0:
     errors.append(f"task.max_skip_fraction={t.max_skip_fraction} must be in [0, 1] (the "
                   "share of dataset rows that may be dropped for not fitting the context)")
@@ -220,6 +228,48 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
   return errors + ray_errors(r)
 
 
+PARTIAL_MODES = ("off", "continue")  # rollout.partial
+
+
+def partial_errors(c) -> list[str]:
+  """rollout.partial and rollout.partial_chunk_tokens: "continue" needs a schedule whose workers
+  run beside the trainer (`schedule_table`'s `partial_rollouts`: async) and local workers of a
+  backend whose record `continues_requests` (jax, vllm)."""
+  r = c.rollout
+  mode = r.get("partial", "off")
+  chunk = r.get("partial_chunk_tokens", 16)
+  if mode not in PARTIAL_MODES:
+    return [f"rollout.partial={mode!r}: expected one of {PARTIAL_MODES}"]
+  errors = []
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    errors.append(f"rollout.partial_chunk_tokens={chunk!r} must be an integer >= 1 (tokens a "
+                  "request advances per generate call, between two checks for newer weights)")
+  if mode == "off":
+    return errors
+  record = schedule_table.SCHEDULES.get(c.scheduler.kind)
+  if record is not None and not record.partial_rollouts:
+    errors.append(f"rollout.partial='continue' continues requests in flight at a weight refresh, "
+                  f"which happens in the async pool; scheduler.kind={c.scheduler.kind!r} "
+                  "generates whole requests: set --config.scheduler.kind=async or "
+                  "--config.rollout.partial=off")
+  unsupported = [b.name for b in backend_table.candidates(r.backend) if not b.continues_requests]
+  if unsupported:
+    built = tuple(b.name for b in backend_table.BACKENDS.values() if b.continues_requests)
+    errors.append(f"rollout.partial='continue' is built for the backends {built}; "
+                  f"rollout.backend={r.backend!r} does not continue a request from its prefix: "
+                  f"set --config.rollout.backend to one of {built} or --config.rollout.partial=off")
+  if multiturn(c):
+    errors.append(f"rollout.partial='continue' advances single completions in chunks; "
+                  f"task.name={c.task.name!r} is multi-turn (an environment answers between "
+                  "turns): set --config.rollout.partial=off")
+  placement = r.get("placement", "local")
+  if placement != "local":
+    errors.append(f"rollout.partial='continue' runs on local workers; rollout.placement="
+                  f"{placement!r}: set --config.rollout.placement=local or "
+                  "--config.rollout.partial=off")
+  return errors
+
+
 def ray_errors(r) -> list[str]:
   """rollout.placement and rollout.ray_*. `rollout.ray.group` (which imports Ray) is imported only
   when placement is "ray"; the address is checked for its form here, whether it answers at build
@@ -290,6 +340,10 @@ def buffer_errors(b, r, log=None) -> list[str]:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
   if b.max_uses < 0:
     errors.append(f"buffer.max_uses={b.max_uses} must be >= 0 (0 = no cap)")
+  max_staleness = b.get("max_staleness", 0)
+  if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+    errors.append(f"buffer.max_staleness={max_staleness!r} must be an integer >= 0 (policy "
+                  "versions a completion token may lag the trainer; 0 = no limit)")
   if b.on_policy and (b.priority != "uniform" or b.max_uses or b.replace_zero_variance):
     errors.append("buffer.on_policy=True uses each rollout once: buffer.priority, max_uses and "
                   "replace_zero_variance do not apply; leave them at 'uniform', 0, False")

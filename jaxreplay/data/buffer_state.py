@@ -28,6 +28,11 @@ OPTIONAL_STATE_KEYS = ("retired", "retired_use_count_sum", "group_stats_id", "gr
     # completion masks (float32, like completion_tokens), each rollout's turn count (0: single
     # turn, no mask) and the concatenated turn starts.
     "completion_mask", "turn_count", "turn_starts")
+# Keys of issue 38, present only when they hold something: "token_versions" (int64, one per
+# completion token, concatenated as "logprobs" is) when a held rollout was continued across
+# weight refreshes; "stale_dropped" / "stale_dropped_unused" with buffer.max_staleness.
+TOKEN_VERSION_KEYS = ("token_versions",)
+STALE_KEYS = ("stale_dropped", "stale_dropped_unused")
 # Per-rollout arrays, one entry per held rollout in logical order.
 PER_ROLLOUT_KEYS = ("uid", "use_count", "reward", "advantage", "policy_version", "group_id",
                     "prompt_len", "completion_len")
@@ -36,7 +41,8 @@ _U64 = (1 << 64) - 1
 
 def rollouts_to_arrays(items: Sequence[Rollout]) -> dict[str, np.ndarray]:
   """The PER_ROLLOUT_KEYS arrays [n] plus prompt_tokens / completion_tokens (int32) and logprobs
-  (float32), each the concatenation over `items` (lengths in prompt_len / completion_len)."""
+  (float32), each the concatenation over `items` (lengths in prompt_len / completion_len); and
+  token_versions (int64, likewise) when any item carries per-token versions."""
   def cat(arrays, dtype):
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
@@ -60,6 +66,8 @@ def rollouts_to_arrays(items: Sequence[Rollout]) -> dict[str, np.ndarray]:
     out["turn_count"] = np.array([0 if r.turn_starts is None else r.turn_starts.shape[0]
                                   for r in items], np.int64)
     out["turn_starts"] = cat([r.turn_starts for r in items if r.turn_starts is not None], np.int32)
+  if any(r.token_versions is not None for r in items):
+    out["token_versions"] = cat([r.versions_per_token() for r in items], np.int64)
   return out
 
 
@@ -76,6 +84,9 @@ def rollouts_from_arrays(state: dict[str, Any], held: int) -> list[Rollout]:
   lps = np.asarray(state["logprobs"])
   if ptok.shape != (int(plen.sum()),) or ctok.shape != (int(clen.sum()),) or lps.shape != ctok.shape:
     raise ValueError("buffer state token arrays do not match prompt_len / completion_len")
+  versions = np.asarray(state["token_versions"]) if "token_versions" in state else None
+  if versions is not None and versions.shape != ctok.shape:
+    raise ValueError("buffer state token_versions does not match completion_len")
   p_off = np.concatenate([[0], np.cumsum(plen)])
   c_off = np.concatenate([[0], np.cumsum(clen)])
   turns = _turns_from_arrays(state, held, c_off)
@@ -86,6 +97,8 @@ def rollouts_from_arrays(state: dict[str, Any], held: int) -> list[Rollout]:
                   policy_version=int(arrays["policy_version"][i]),
                   group_id=int(arrays["group_id"][i]),
                   uid=int(arrays["uid"][i]), use_count=int(arrays["use_count"][i]),
+                  token_versions=(None if versions is None else
+                                  versions[c_off[i]:c_off[i + 1]].astype(np.int32)),
                   **turns[i])
           for i in range(held)]
 

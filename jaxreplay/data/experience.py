@@ -71,9 +71,18 @@ def to_rollouts(groups: Sequence[Group], rewards: np.ndarray, advantages: np.nda
       rollouts.append(Rollout(prompt_tokens=g.prompt_tokens, completion_tokens=c.tokens,
                               logprobs=c.logprobs, reward=float(rewards[i, j]),
                               advantage=float(advantages[i, j]),
-                              policy_version=int(g.policy_version), group_id=int(gid),
-                              completion_mask=c.mask, turn_starts=c.turn_starts))
+                              policy_version=_oldest(g, c), group_id=int(gid),
+                              token_versions=c.versions, completion_mask=c.mask,
+                              turn_starts=c.turn_starts))
   return rollouts
+
+
+def _oldest(group: Group, completion) -> int:
+  """A rollout's policy version: its oldest token's (a completion continued across refreshes
+  carries each token's, `Completion.versions`), else its group's."""
+  if completion.versions is None:
+    return int(group.policy_version)
+  return int(np.min(completion.versions))
 
 
 def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, codec,

@@ -12,7 +12,12 @@ Shapes (B rows, T = the bucket length in tokens):
   behaviour_logprobs float32 [B, T]  sampler's log-prob of targets[:, t] (0 where mask is 0)
   advantages         float32 [B]     group-relative advantage of the row's rollout
   rewards            float32 [B]     the rollout's reward
-  policy_version     int32   [B]     version of the policy that generated the rollout
+  policy_version     int32   [B]     version of the policy that generated the rollout (its oldest
+                                     token's, for a rollout continued across weight refreshes)
+  token_versions     int32   [B, T]  optional (None unless collated with `token_versions=True`):
+                                     the version of the policy that sampled targets[:, t], aligned
+                                     with completion_mask (0 where it is 0); a rollout continued
+                                     across refreshes (`rollout.partial="continue"`) holds several
 A row that is all padding (mask 0) contributes nothing to any loss.
 
 Multi-turn trajectories (`rollout.multiturn`): a rollout's completion holds the policy's turns and
@@ -27,6 +32,7 @@ per-rollout fields become per-token, each token carrying its rollout's value (0 
   advantages         float32 [B, T]
   rewards            float32 [B, T]
   policy_version     int32   [B, T]
+(`token_versions`, per token already, is laid out as `behaviour_logprobs` in both layouts.)
 A rollout is then a (row, segment) pair: per-sequence statistics (`losses.aggregate`'s
 "sequence_mean", advantage_mean) are taken over those, not over rows.
 """
@@ -49,6 +55,7 @@ class Batch(NamedTuple):
   advantages: np.ndarray
   rewards: np.ndarray
   policy_version: np.ndarray
+  token_versions: Any = None  # int32 [B, T] or None (module docstring)
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -111,6 +118,10 @@ class Rollout:
   turn_starts        int32   [K]   multi-turn: where each of the policy's K turns starts in the
                                    completion (turn_starts[0] = 0, increasing, each on a policy
                                    token); None: one turn
+  token_versions     int32   [Lc]  optional: the policy version that sampled each completion token,
+                                   for a completion continued across weight refreshes
+                                   (`rollout.partial="continue"`); its minimum (the oldest token's)
+                                   must be `policy_version`. None: every token at policy_version
   Inputs are converted to these dtypes (integer token arrays only); bad input raises ValueError.
   """
   prompt_tokens: np.ndarray
@@ -124,6 +135,7 @@ class Rollout:
   use_count: int = 0
   completion_mask: Optional[np.ndarray] = None
   turn_starts: Optional[np.ndarray] = None
+  token_versions: Optional[np.ndarray] = None
 
   def __post_init__(self):
     self.prompt_tokens = _int_array(self.prompt_tokens, "prompt_tokens")
@@ -155,6 +167,8 @@ class Rollout:
       if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"Rollout.{name} must be an int, got {v!r}")
       setattr(self, name, int(v))
+    if self.token_versions is not None:
+      self.token_versions = self._checked_versions(self.token_versions)
     if self.completion_mask is not None or self.turn_starts is not None:
       self._check_turns()
 
@@ -192,6 +206,30 @@ class Rollout:
     if self.completion_mask is None:
       return int(self.completion_tokens.shape[0])
     return int(self.completion_mask.sum())
+
+  def _checked_versions(self, versions: Any) -> np.ndarray:
+    v = np.asarray(versions)
+    if v.shape != self.completion_tokens.shape or (v.size and v.dtype.kind not in "iu"):
+      raise ValueError(f"Rollout.token_versions has shape {v.shape} dtype {v.dtype}, expected one "
+                       f"integer policy version per completion token: "
+                       f"({self.completion_tokens.shape[0]},)")
+    v = v.astype(np.int32, copy=False)
+    if int(v.min()) != self.policy_version:
+      raise ValueError(f"Rollout.policy_version={self.policy_version} must be the oldest of its "
+                       f"token_versions (min {int(v.min())}): a continued rollout is as old as "
+                       "its first token")
+    return v
+
+  @property
+  def newest_version(self) -> int:
+    """The version of its newest token (`policy_version` when all tokens share one)."""
+    return self.policy_version if self.token_versions is None else int(self.token_versions.max())
+
+  def versions_per_token(self) -> np.ndarray:
+    """int32 [Lc]: each completion token's policy version."""
+    if self.token_versions is not None:
+      return self.token_versions
+    return np.full(self.completion_tokens.shape[0], self.policy_version, np.int32)
 
   @property
   def length(self) -> int:

@@ -52,10 +52,15 @@ class Completion:
   tokens and 0 on the environment's (whose `logprobs` are 0), `turn_starts` int32 [K] where each
   of the K policy turns starts, `episode` the `multiturn.EpisodeInfo` (reward, status, counts);
   `finish_reason` is then the trajectory's end (`multiturn.FINISH_REASONS`). All three are None
-  for a single-turn completion."""
+  for a single-turn completion.
+
+  `versions`: int32 [L], the policy version that sampled each token, for a completion continued
+  across weight refreshes (config `rollout.partial`, module `rollout.partial`); None: every token
+  was sampled at its group's `policy_version`."""
   tokens: np.ndarray
   logprobs: np.ndarray
   finish_reason: str
+  versions: Optional[np.ndarray] = None
   mask: Optional[np.ndarray] = None
   turn_starts: Optional[np.ndarray] = None
   episode: Any = None
@@ -223,7 +228,9 @@ Respond = Callable[[int, list[int], list[Completion]], list[Optional[np.ndarray]
 
 @dataclasses.dataclass
 class Group:
-  """The n completions of one prompt, all sampled with weights of `policy_version`."""
+  """The n completions of one prompt, all sampled with weights of `policy_version` (completions
+  continued across a refresh: the version they started at, their oldest tokens'; each token's
+  own is in `Completion.versions`)."""
   prompt_tokens: np.ndarray
   completions: list[Completion]
   policy_version: int

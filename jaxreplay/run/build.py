@@ -54,9 +54,11 @@ from jaxreplay.rollout.backends import RolloutBackend
 def make_task(t):
   """The task of a config's task section `t` (config.task: `tasks.make_task` with its keys)."""
   if t.name == "arithmetic":
-    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0,
+                  digit_decay=t.get("digit_decay", 1.0))
   elif t.name in ("scratchpad", "calculator"):
-    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0,
+                  digit_decay=t.get("digit_decay", 1.0))
   else:
     kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
                   answer_key=t.answer_key, template=t.template,
@@ -263,6 +265,7 @@ def make_intake(c, task, codec, loss_fn, episodes: Optional[multiturn.EpisodeRun
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
                                 consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order,
+                                max_staleness=c.buffer.get("max_staleness", 0),
                                 **buffer_lib.sampler_options(c.buffer))
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
