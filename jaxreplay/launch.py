@@ -5,6 +5,9 @@ misspelled key is an error that names it. Re-running the same command resumes fr
 checkpoint in --workdir.
 
 `--dry_run` prints the per-device memory plan and exits (3 when it does not fit).
+`--dry_run --compile_for=h100` (any target of `jaxreplay.config.gpu_targets`) also compiles every
+program the run runs on its trainer GPUs for that GPU, without one (`run.gpu_compile`; needs
+`pip install -e '.[gpu-compile]'`), and judges the fit by XLA's own per-device peak.
 
 Exit status: 0 when the run finished; 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
 when a signal stopped it after a checkpoint (rerun the command to resume); 3 for a run that cannot
@@ -23,6 +26,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from jaxreplay.config import gpu_targets
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Python config file whose get_config() returns the run's ConfigDict.",
     lock_config=True)
@@ -38,7 +43,33 @@ _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Build the run abstractly (no weights read, no engines started), print the "
     "per-device memory plan and the device split, write WORKDIR/plan.json; exit 3 when it does not "
     "fit the device memory (devices.memory_gib on machines without a GPU).")
+_COMPILE_FOR = flags.DEFINE_enum(
+    "compile_for", None, gpu_targets.names(), "With --dry_run (implied): compile every program "
+    "the run runs on its trainer GPUs for this GPU, deviceless (JAX's CUDA plugin: pip install -e "
+    "'.[gpu-compile]'); plan.json gains XLA's per-program memory, the collectives and the step "
+    "time, and the fit check uses XLA's largest peak against devices.memory_fraction x the GPU's "
+    "memory.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _dry_run(split) -> None:
+  """--dry_run (and --compile_for): the plan, plan.json, exit 3 when it does not fit."""
+  from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import resolve  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
+  validation.validate_config(_CONFIG.value)
+  config = resolve.resolve(_CONFIG.value)  # "auto" made, frozen: what the run would read
+  workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value))
+  try:
+    if _COMPILE_FOR.value:
+      from jaxreplay.run import gpu_compile  # pylint: disable=g-import-not-at-top
+      gpu_compile.dry_run(config, workdir, _COMPILE_FOR.value, split)
+    else:
+      memory_plan.dry_run(config, workdir, split)
+  except memory_plan.DoesNotFit as e:
+    logging.error("DoesNotFit: %s", e)
+    logging.flush()
+    sys.exit(3)
 
 
 class _QuietLibraries:
@@ -53,22 +84,22 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   from jaxreplay.config import devices  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import host_devices  # pylint: disable=g-import-not-at-top
+  dry_run = _DRY_RUN.value or _COMPILE_FOR.value is not None
+  if _COMPILE_FOR.value and not host_devices.cuda_plugin_installed():
+    sys.exit(f"--compile_for={_COMPILE_FOR.value} needs JAX's CUDA plugin (no GPU needed): "
+             "pip install -e '.[gpu-compile]'")
   split = devices.apply_to_environment(_CONFIG.value)  # before JAX picks its devices
   if split is not None:
     logging.info("GPUs: trainer %s, rollout workers %s", ",".join(split.trainer),
                  ",".join(split.workers) or "none")
-  if _DRY_RUN.value:
-    from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
-    from jaxreplay.config import resolve  # pylint: disable=g-import-not-at-top
-    from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
-    validation.validate_config(_CONFIG.value)
-    config = resolve.resolve(_CONFIG.value)
-    try:
-      memory_plan.dry_run(config, os.path.abspath(os.path.expanduser(_WORKDIR.value)), split)
-    except memory_plan.DoesNotFit as e:
-      logging.error("DoesNotFit: %s", e)
-      logging.flush()
-      sys.exit(3)
+  if not host_devices.jax_started():  # no GPU here: JAX_PLATFORMS, the dry run's host devices
+    host_devices.cpu_environment(
+        gpus_visible=split is not None,
+        dry_run_devices=int(_CONFIG.value.trainer.num_devices)
+        if dry_run and not _COMPILE_FOR.value else 0)
+  if dry_run:
+    _dry_run(split)
     return
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     import jax  # pylint: disable=g-import-not-at-top
