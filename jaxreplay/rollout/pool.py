@@ -219,9 +219,10 @@ class _WorkerRunner:
     version = self.worker.policy_version
     prompts = [p for b in batches for p in b.prompts]
     n, sampling = batches[0].n, batches[0].sampling
-    episodes = batches[0].episodes
-    for b in batches[1:]:
-      episodes = episodes + b.episodes  # multi-turn requests: one call for all their episodes
+    episodes = batches[0].episodes  # multi-turn requests: one call for all their episodes
+    if episodes is not None:  # (`_call_key`: a call's requests all have episodes, or none)
+      for b in batches[1:]:
+        episodes = episodes + b.episodes
     start = time.perf_counter()
     try:
       groups = generate_request(self.worker, prompts, n, sampling, episodes)

@@ -36,6 +36,7 @@ SECTIONS = {
     "model_errors": lambda c: validation.model_errors(c.model, c.rollout),
     "lora_errors": lambda c: validation.lora_errors(c.model, c.rollout),
     "task_errors": lambda c: validation.task_errors(c.task),
+    "env_errors": lambda c: validation.env_errors(c.task),
     "rollout_errors": lambda c: validation.rollout_errors(c.rollout, c.model.max_len),
     "ray_errors": lambda c: validation.ray_errors(c.rollout),
     "partial_errors": lambda c: validation.partial_errors(c),
@@ -133,6 +134,21 @@ def test_rollout_errors():
   assert backend_table.names() == ("jax", "vllm", "auto")
 
 
+def test_env_errors():
+  check("env_errors", [
+      (dict(task__env_fn="my_envs"), ["task.env_fn='my_envs'", "'module:factory'"]),
+      (dict(task__env_fn="my_envs:"), ["task.env_fn='my_envs:'", "'module:factory'"]),
+      (dict(task__env_fn="my_envs:make", task__name="calculator"),
+       ["task.name='calculator' has its own environment", "unset task.env_fn"]),
+      (dict(task__env_max_turns=0), ["task.env_max_turns=0", ">= 1"]),
+      (dict(task__env_max_tokens=-1), ["task.env_max_tokens=-1", ">= 0"]),
+      (dict(task__env_step_timeout_s=0.0), ["task.env_step_timeout_s=0.0", "> 0"]),
+  ])
+  assert validation.multiturn(config(task__name="calculator"))
+  assert validation.multiturn(config(task__env_fn="tests.helpers.env_plugins:countdown"))
+  assert not validation.multiturn(config(task__name="scratchpad"))
+
+
 def test_partial_errors(monkeypatch):
   on_async = dict(scheduler__kind="async", rollout__partial="continue")
   check("partial_errors", [
@@ -145,6 +161,8 @@ def test_partial_errors(monkeypatch):
       (dict(rollout__partial="continue", scheduler__kind="sync"), ["scheduler.kind='sync'"]),
       (dict(rollout__placement="ray", **on_async), ["rollout.placement='ray'",
                                                     "--config.rollout.placement=local"]),
+      (dict(task__name="calculator", **on_async), ["task.name='calculator' is multi-turn",
+                                                   "--config.rollout.partial=off"]),
   ])
   assert validation.partial_errors(config(**on_async)) == []
   assert validation.partial_errors(config(rollout__backend="auto", **on_async)) == []
@@ -278,6 +296,8 @@ def test_generation_batch_accepts_auto_one_and_more(k):
      "scheduler.generation_batch=1"),
     ({"scheduler__generation_batch": 0, "scheduler__kind": "sync"}, "scheduler.kind='sync'"),
     ({"scheduler__generation_batch": 2, "rollout__backend": "vllm"}, "rollout.backend='vllm'"),
+    ({"scheduler__generation_batch": 2, "task__name": "calculator"},
+     "a multi-turn task .* set scheduler.generation_batch=1"),
     ({"scheduler__generation_batch": 2, "rollout__backend": "auto"}, "rollout.backend='auto'"),
     ({"scheduler__generation_batch": 2, "rollout__placement": "ray"}, "rollout.placement='ray'"),
 ])

@@ -557,7 +557,9 @@ def test_a_dead_or_stopped_worker_drops_its_requests_in_flight():
                      requests_per_call=2).start()
   try:
     deadline = time.monotonic() + 10
-    while len(rec.drops) < 2 and time.monotonic() < deadline:
+    # The drops come first, then the replacement: wait for both (stopping in between would
+    # leave the worker unreplaced, by design).
+    while (len(rec.drops) < 2 or len(workers.get(0, ())) < 2) and time.monotonic() < deadline:
       time.sleep(0.01)
   finally:
     pool.stop(5)
