@@ -81,3 +81,27 @@ def test_the_decisive_sweep_protocol_and_the_issue_26_sweep_kept_as_it_ran():
     committed = json.load(f)["args"]
   assert next(s.args() for s in i26["specs"]
               if (s.arm, s.seed) == ("onpolicy_lr3x", 1)) == committed
+
+
+def test_the_multiturn_sweep():
+  """Issue 38: on-policy vs replay on configs/multiturn.py, 3 seeds, one budget of 200 on-policy
+  updates of that config; the sweep's evaluation protocol on every run, which keeps the
+  multi-turn task (one sampler call per prompt request, its environment)."""
+  sweep = sweeps.SWEEPS["multiturn"]
+  assert sweeps.get("multiturn") == [sweep]
+  assert sweep.config == "configs/multiturn.py" and sweep.min_seeds == 3
+  assert [(a.name, a.family) for a in sweep.arms] == [("onpolicy", "onpolicy"),
+                                                      ("replay", "replay")]
+  plan = runner.plan_sweep(sweep, sweep.min_seeds)
+  base = runner.load_config("configs/multiturn.py")
+  assert plan["budget"] == 200 * sweeps.update_seconds(base)
+  assert sorted((s.arm, s.seed) for s in plan["specs"]) == [
+      (arm, seed) for arm in ("onpolicy", "replay") for seed in range(3)]
+  for s in plan["specs"]:
+    o = dict(s.overrides)
+    assert o["eval.n_samples"] == 8 and o["eval.ks"] == (1, 2, 4, 8)
+    assert o["compute_budget"] == plan["budget"] and s.config == "configs/multiturn.py"
+    assert o.get("buffer.on_policy", False) == (s.arm == "onpolicy")
+    c = runner.load_config(s.config)
+    sweeps.apply(c, s.overrides)
+    assert c.task.name == "calculator" and validation.multiturn(c)
