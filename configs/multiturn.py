@@ -11,7 +11,9 @@ masked out of every loss (`jaxreplay.rollout.multiturn`). The shipped warm-start
 `assets/calculator-sft` (rebuild: `python -m jaxreplay.sft --config=configs/multiturn.py
 --out=assets/calculator-sft`) imitates a teacher who misremembers 30% of the column facts (as
 configs/scratchpad.py's), calls the calculator on half of the columns at random and ignores its
-answer 30% of the time; RL learns to call it and to use what it says.
+answer 30% of the time; RL learns to call it and to use what it says. As built (600 steps, 19 min
+on the shared 2-core CPU): greedy held-out success 8.6% (256 problems), 2.7 calculator calls per
+episode, 45% of them correct (the right column, its result used).
 
 The schedule is configs/scratchpad.py's simulated replay pipeline; a multi-turn request costs one
 prefill per turn and the tokens the policy generated (`run.schedules.base.GenerationCost`).

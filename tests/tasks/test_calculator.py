@@ -129,3 +129,45 @@ def test_noisy_demonstrations():
   for name in ("tool_rate", "ignore_rate", "carry_drop"):
     with pytest.raises(ValueError, match=name):
       next(task.sft_examples(1, **{name: 1.5}))
+
+
+# ---- the shipped warm-start assets/calculator-sft (configs/multiturn.py) ------------------------
+
+# sft/greedy_accuracy 0.086 and sft/tool_correct 0.45 when built (configs/multiturn.py): a policy
+# that is sometimes right and uses the calculator badly, with headroom for RL.
+WARM_START_GREEDY = (0.02, 0.35)
+WARM_START_TOOL_CORRECT = (0.1, 0.9)
+
+
+def _config():
+  import runpy  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from tests.helpers.paths import REPO  # pylint: disable=g-import-not-at-top
+  return runpy.run_path(os.path.join(REPO, "configs", "multiturn.py"))["get_config"]()
+
+
+def test_warm_start_matches_its_config_and_plays_imperfectly():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jaxreplay import sft  # pylint: disable=g-import-not-at-top
+  from jaxreplay.models import hf_io, presets  # pylint: disable=g-import-not-at-top
+  from jaxreplay.run import build  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import tokenizer  # pylint: disable=g-import-not-at-top
+  c = _config()
+  cfg, params = hf_io.load_hf(c.model.path, dtype=jnp.float32)
+  codec = tokenizer.load_tokenizer(c.model.path)
+  tokenizer.check_tokenizer_matches_model(codec, cfg)
+  assert cfg.num_hidden_layers == presets.PRESETS[c.model.preset]().num_hidden_layers
+  task = build.make_task(c.task)
+  assert isinstance(task, calc.CalculatorTask)
+  for p in task.eval_set(16):
+    text = "".join(t for t, _ in calc.reference_trajectory(p))
+    assert codec.decode(codec.encode(p.prompt + text, add_bos=False)) == p.prompt + text
+    assert tokenizer.UNK_ID not in codec.encode(p.prompt + text)
+  stats = sft.episode_accuracy(cfg, params, codec, task, task.eval_set(256), c.model.max_len,
+                               max_turns=c.task.env_max_turns)
+  lo, hi = WARM_START_GREEDY
+  assert lo < stats["sft/greedy_accuracy"] < hi, stats
+  lo, hi = WARM_START_TOOL_CORRECT
+  assert lo < stats["sft/tool_correct"] < hi, stats
+  assert stats["sft/tool_calls_mean"] > 0.5 and stats["sft/turns_mean"] > 1.5, stats
+  task.close()
