@@ -39,7 +39,7 @@ def check_env_rows(rows):
     for key in ENV_KEYS:
       assert key in row, (key, sorted(k for k in row if k.startswith("env")))
   last = train[-1]
-  assert last["env/episodes"] >= 3 * 16  # every rollout trained on was a trajectory
+  assert last["env/episodes"] >= 16  # a batch of B = 16 distinct trajectories was drawn
   assert math.isfinite(last["loss"]) and last["nonfinite_skipped"] == 0.0
   return last
 
