@@ -66,4 +66,5 @@ def test_broken_environment_never_stops_the_run(tmp_path, plugin, counter):
                 "--config.task.env_step_timeout_s=0.3", "--config.eval.every=0")
   last = check_env_rows(rows)
   assert last[counter] == last["env/episodes"] > 0
-  assert last["reward_mean"] == 0.0
+  rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]  # NaN: none new
+  assert rewards and set(rewards) == {0.0}
