@@ -11,9 +11,14 @@ masked out of every loss (`jaxreplay.rollout.multiturn`). The shipped warm-start
 `assets/calculator-sft` (rebuild: `python -m jaxreplay.sft --config=configs/multiturn.py
 --out=assets/calculator-sft`) imitates a teacher who misremembers 30% of the column facts (as
 configs/scratchpad.py's), calls the calculator on half of the columns at random and ignores its
-answer 30% of the time; RL learns to call it and to use what it says. As built (600 steps, 19 min
-on the shared 2-core CPU): greedy held-out success 8.6% (256 problems), 2.7 calculator calls per
-episode, 45% of them correct (the right column, its result used).
+answer 30% of the time: RL has to learn to call it and to use what it says. As built (600 steps,
+19 min on the shared 2-core CPU): greedy held-out success 8.6% (256 problems), 2.7 calculator
+calls per episode, 45% of them correct (the right column, its result used).
+
+Measured (not yet a learnable setting): its success at temperature 1 is 1-4%, so most groups of 8
+have one reward and no advantage; the 400-step replay run of this config (seed 0) raised the calls
+per episode (2.0 -> 3.4) but not their use: eval pass@1 7.2% -> 3.9%, eval/env/tool_correct
+46% -> 27% (sampler/trainer log-prob mismatch 0: the trajectories train as generated).
 
 The schedule is configs/scratchpad.py's simulated replay pipeline; a multi-turn request costs one
 prefill per turn and the tokens the policy generated (`run.schedules.base.GenerationCost`).
