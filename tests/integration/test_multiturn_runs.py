@@ -1,5 +1,6 @@
 """`configs/multiturn.py` end to end (`python -m jaxreplay.launch`, shortened): the calculator task
-on the JAX sampler and on vLLM writes the env/* metrics, and a run whose environment plug-in raises
+on the JAX sampler and on vLLM (and under the async and sync schedules) writes the env/* metrics,
+and a run whose environment plug-in raises
 or hangs at every step goes on, counting env/errors or env/timeouts."""
 import math
 import os
@@ -68,3 +69,14 @@ def test_broken_environment_never_stops_the_run(tmp_path, plugin, counter):
   assert last[counter] == last["env/episodes"] > 0
   rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]  # NaN: none new
   assert rewards and set(rewards) == {0.0}
+
+
+@pytest.mark.parametrize("kind,extra", [("async", ()),
+                                        ("sync", ("--config.scheduler.rollouts_per_step=16",))])
+def test_calculator_runs_under_the_other_schedules(tmp_path, kind, extra):
+  """configs/multiturn.py is simulated; trajectories also flow through the async pool and the
+  sync loop."""
+  rows = launch(str(tmp_path / kind), f"--config.scheduler.kind={kind}", "--config.eval.every=0",
+                *extra)
+  last = check_env_rows(rows)
+  assert last["env/errors"] == last["env/timeouts"] == 0 and last["env/tool_calls"] > 0
