@@ -1,7 +1,7 @@
 """`configs/multiturn.py` end to end (`python -m jaxreplay.launch`, shortened): the calculator task
 on the JAX sampler and on vLLM (and under the async and sync schedules) writes the env/* metrics,
-and a run whose environment plug-in raises
-or hangs at every step goes on, counting env/errors or env/timeouts."""
+and a run whose environment plug-in raises or hangs at every step goes on, counting env/errors or
+env/timeouts."""
 import math
 import os
 import subprocess
