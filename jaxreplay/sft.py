@@ -13,6 +13,13 @@ answer + eos iff every answer token is the argmax given the right prefix, so the
 problems where all answer tokens are argmax IS greedy exact-match accuracy.
 The tiny default ships the result of this command with configs/tiny.py's settings (1.6 MB),
 configs/scratchpad.py ships `assets/scratchpad-sft`.
+
+Multi-turn tasks (an environment: `task.make_env`, e.g. the calculator): a demonstration's target
+is a list of segments [(text, trained)], the policy's turns (trained) and the environment's
+observations (encoded as observations, `completion_mask` 0: never trained on, as in RL); the
+held-out accuracy is then the success of real greedy episodes with the environment
+(`sft/greedy_accuracy`), with their tool use (`sft/tool_correct`, `sft/tool_calls_mean`);
+configs/multiturn.py ships `assets/calculator-sft`.
 """
 from __future__ import annotations
 
@@ -39,6 +46,11 @@ from jaxreplay.models import transformer
 from jaxreplay.learner import optim
 from jaxreplay.learner.batch import Batch
 from jaxreplay.learner.batch import Rollout
+from jaxreplay.rollout import base
+from jaxreplay.rollout import multiturn
+from jaxreplay.rollout.jax_sampler import JaxSampler
+from jaxreplay.run import evaluation
+from jaxreplay.tasks import environments
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "RL config file (model preset, task).",
                                           lock_config=True)
@@ -52,26 +64,51 @@ _ALIASES = {
     "carry_drop": flags.DEFINE_float("sft_carry_drop", None, "Alias of --config.sft.carry_drop."),
 }
 # The config.sft keys that make demonstrations noisy, the tasks whose `sft_examples` take them.
-NOISE_KEYS = {"carry_drop": ("arithmetic", "scratchpad"), "slip": ("scratchpad", "multiplication")}
+NOISE_KEYS = {"carry_drop": ("arithmetic", "scratchpad", "calculator"),
+              "slip": ("scratchpad", "multiplication", "calculator"), "tool_rate": ("calculator",),
+              "ignore_rate": ("calculator",)}
 WARMUP_STEPS = 20
 WEIGHT_DECAY = 1e-4  # optax.adamw's default, applied to every parameter
 
 
 def encode_examples(codec, pairs, seq_len: int) -> Batch:
-  """(prompt, answer) pairs -> a `Batch` of [N, seq_len] rows (`collate.collate`).
+  """(prompt, target) pairs -> a `Batch` of [N, seq_len] rows (`collate.collate`).
 
-  Each row is bos + prompt + answer + eos, right-padded; `completion_mask` is 1 on the targets
-  that are answer or eos tokens."""
-  rollouts = []
-  for prompt, answer in pairs:
-    p = codec.encode_prompt(prompt)
-    a = np.concatenate([codec.encode(answer, add_bos=False), [codec.eos_id]]).astype(np.int32)
-    if len(p) + len(a) > seq_len:
-      raise ValueError(f"an SFT example has {len(p) + len(a)} tokens > seq_len={seq_len}; raise "
+  A target is the answer text: the row is bos + prompt + answer + eos, right-padded, and
+  `completion_mask` is 1 on the targets that are answer or eos tokens. Or (multi-turn) segments
+  [(text, trained)]: the policy's turns (trained, the last one followed by eos) and the
+  environment's observations between them (`TextCodec.encode_observation`, mask 0)."""
+  rollouts = [example_rollout(codec, prompt, target) for prompt, target in pairs]
+  for r in rollouts:
+    if r.length > seq_len:
+      raise ValueError(f"an SFT example has {r.length} tokens > seq_len={seq_len}; raise "
                        "config.model.max_len")
-    rollouts.append(Rollout(prompt_tokens=p, completion_tokens=a, logprobs=np.zeros(len(a)),
-                            reward=0.0, advantage=0.0, policy_version=0, group_id=0))
   return collate_lib.collate(rollouts, buckets=(seq_len,), pad_id=codec.pad_id)
+
+
+def example_rollout(codec, prompt: str, target) -> Rollout:
+  """The `Rollout` of one demonstration (`encode_examples`)."""
+  p = codec.encode_prompt(prompt)
+  if isinstance(target, str):
+    a = np.concatenate([codec.encode(target, add_bos=False), [codec.eos_id]]).astype(np.int32)
+    return Rollout(prompt_tokens=p, completion_tokens=a, logprobs=np.zeros(len(a)), reward=0.0,
+                   advantage=0.0, policy_version=0, group_id=0)
+  if not target or not target[0][1] or not target[-1][1]:
+    raise ValueError("a multi-turn demonstration starts and ends with a policy turn (trained)")
+  pieces, masks, starts, length = [], [], [], 0
+  for k, (text, trained) in enumerate(target):
+    ids = (codec.encode(text, add_bos=False) if trained else codec.encode_observation(text))
+    if k == len(target) - 1:
+      ids = np.concatenate([ids, [codec.eos_id]])
+    if trained and (k == 0 or not target[k - 1][1]):
+      starts.append(length)
+    pieces.append(np.asarray(ids, np.int32))
+    masks.append(np.full(len(ids), 1.0 if trained else 0.0, np.float32))
+    length += len(ids)
+  tokens = np.concatenate(pieces)
+  return Rollout(prompt_tokens=p, completion_tokens=tokens, logprobs=np.zeros(len(tokens)),
+                 reward=0.0, advantage=0.0, policy_version=0, group_id=0,
+                 completion_mask=np.concatenate(masks), turn_starts=np.asarray(starts, np.int32))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -140,10 +177,31 @@ def train_sft(model_cfg, codec, task, steps: int, batch: int, lr: float, seed: i
       logging.info("sft step %d/%d loss %.4f (%.1f steps/s, ETA %.0f s)", i + 1, steps,
                    float(loss), rate, (steps - i - 1) / rate)
   held_out = task.eval_set(256)
-  acc = float(np.mean(greedy_exact_match(model_cfg, params, codec,
-                                         [(p.prompt, p.answer) for p in held_out], seq_len)))
-  return params, {"sft/loss": float(loss), "sft/greedy_accuracy": acc,
-                  "sft/seconds": time.time() - t0}
+  if hasattr(task, "make_env"):
+    stats = episode_accuracy(model_cfg, params, codec, task, held_out, seq_len)
+  else:
+    stats = {"sft/greedy_accuracy": float(np.mean(greedy_exact_match(
+        model_cfg, params, codec, [(p.prompt, p.answer) for p in held_out], seq_len)))}
+  return params, {"sft/loss": float(loss), **stats, "sft/seconds": time.time() - t0}
+
+
+def episode_accuracy(model_cfg, params, codec, task, problems, seq_len: int,
+                     max_turns: int = 8) -> dict[str, float]:
+  """Held-out success of greedy episodes of a multi-turn task with its environment (the JAX
+  sampler, `rollout.multiturn`): {"sft/greedy_accuracy", "sft/tool_correct",
+  "sft/tool_calls_mean", "sft/turns_mean"}."""
+  spec = environments.spec_from_factory(task.make_env, max_turns, seq_len, 5.0)
+  runner = multiturn.EpisodeRunner(spec, codec, seq_len)
+  sampler = JaxSampler(model_cfg, params, seq_len, batch_size=64, eos_token_ids=codec.stop_ids)
+  try:
+    out = evaluation.evaluate(functools.partial(base.generate_request, sampler), task, problems,
+                              codec, n_samples=0, temperature_pass1=0.0, n_pass1=1,
+                              max_tokens=seq_len - 1, prefix="sft/", episodes=runner)
+  finally:
+    runner.close()
+  return {"sft/greedy_accuracy": out["sft/pass@1"], "sft/tool_correct": out["sft/env/tool_correct"],
+          "sft/tool_calls_mean": out["sft/env/tool_calls_mean"],
+          "sft/turns_mean": out["sft/env/turns_mean"]}
 
 
 def main(argv):

@@ -46,6 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) |
                                    # multiplication (by one digit, worked solution) | math
+                                   # | calculator (scratchpad with a calculator tool: multi-turn)
   c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
   c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
                                    # removed from training; empty: a hashed 5% of task.path
@@ -54,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
   c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n);
                                    # multiplication: the multiplicand's
+  c.task.digit_decay = 1.0         # arithmetic / scratchpad: P(d digits) ~ digit_decay^(d - min),
+                                   # per operand; 1 = uniform, < 1 a geometric tail of long
+                                   # problems (scratchpad: long-tailed completion lengths)
   c.task.ops = "+"
   c.task.reward_timeout_s = 5.0
   c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
@@ -63,6 +67,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.num_reward_workers = 4    # math: reward processes; concurrent deliveries score in parallel
   c.task.max_skip_fraction = 0.01  # share of dataset rows (train; held-out separately) that may be
                                    # dropped at load for not fitting model.max_len (else an error)
+  # Multi-turn (`jaxreplay.tasks.environments`, `jaxreplay.rollout.multiturn`): a task with its own
+  # environment (calculator), or any task's problems in a plug-in environment (env_fn).
+  c.task.env_fn = ""               # "module:factory": factory() -> an environment (reset / step);
+                                   # empty: the task's own (calculator) or none (single-turn)
+  c.task.env_max_turns = 8         # the policy's turns per trajectory at most
+  c.task.env_max_tokens = 0        # trajectory budget: prompt + turns + observations [tokens];
+                                   # 0 = model.max_len (never more)
+  c.task.env_step_timeout_s = 5.0  # time limit of one environment call [s] (over: reward 0,
+                                   # counted in env/timeouts)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
@@ -78,6 +91,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_in_flight = 0  # prompts a worker takes into one generate call (whole
                                    # requests of prompts_per_request); 0 = auto: vllm fills its
                                    # engine (vllm_max_num_seqs // group_size prompts), jax one request
+  c.rollout.partial = "off"        # partial rollouts (async): off (a refresh reaches a worker
+                                   # between whole requests) | continue (requests advance
+                                   # partial_chunk_tokens per call; at a refresh those in flight
+                                   # continue under the new weights, their prefix as prompt, each
+                                   # token tagged with its version; finished rows are refilled)
+  c.rollout.partial_chunk_tokens = 16  # partial=continue: tokens per call between weight checks
   c.rollout.vllm_kv_cache_gib = 1  # CPU engines: KV cache [GiB] (GPU: vllm_gpu_memory_utilization)
   c.rollout.vllm_gpu_memory_utilization = 0.9  # share of its GPU(s) an engine takes (weights + KV
                                    # cache); lower it when the trainer shares the GPU
@@ -153,6 +172,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.fresh_alpha = 1.0       # priority "fresh": the exponent alpha (PER's; FreshPER 0.6)
   c.buffer.fresh_eps = 1e-6        # priority "fresh": added to |reward| / |advantage| (> 0)
   c.buffer.max_uses = 0            # a rollout leaves the buffer after this many uses; 0 = no cap
+  c.buffer.max_staleness = 0       # > 0: enforced per token: completion tokens more than this
+                                   # many policy versions old are masked out of a batch, and a
+                                   # rollout whose newest token is that old leaves the buffer;
+                                   # 0 = no limit
   c.buffer.replace_zero_variance = False  # True: rollouts of groups whose rewards are all equal
                                    # are drawn only when the other groups hold fewer than B
                                    # (DAPO's dynamic sampling without extra generation)
@@ -291,6 +314,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # (x, y in 2..9), written as (x +- 1) * y
   c.sft.slip_range = (0.4, 0.95)   # scratchpad / multiplication: probability range of writing a
                                    # misremembered fact
+  c.sft.tool_rate = 0.0            # calculator: probability a demonstration calls the tool on a column
+  c.sft.ignore_rate = 0.0          # calculator: probability it then ignores the tool's result
 
   c.log = ml_collections.ConfigDict()
   c.log.every_s = 10.0

@@ -17,15 +17,18 @@ class ScheduleRecord:
   rollouts_per_step: it generates scheduler.rollouts_per_step rollouts per step (R), so
     validation checks R against one request and the on-policy queue.
   batched_generation: its requests run in virtual time on one in-process worker, which may
-    generate the next requests together (scheduler.generation_batch != 1)."""
+    generate the next requests together (scheduler.generation_batch != 1).
+  partial_rollouts: its workers run beside the trainer, so a weight refresh may reach a request
+    in flight and continue it (rollout.partial="continue")."""
   cls: Any
   rollouts_per_step: bool = False
   batched_generation: bool = False
+  partial_rollouts: bool = False
 
 
 SCHEDULES: dict[str, ScheduleRecord] = {
     "simulated": ScheduleRecord("jaxreplay.run.schedules.simulated:SimulatedScheduler",
                                 batched_generation=True),
     "sync": ScheduleRecord("jaxreplay.run.schedules.sync:SyncScheduler", rollouts_per_step=True),
-    "async": ScheduleRecord("jaxreplay.run.schedules.async_:AsyncScheduler"),
+    "async": ScheduleRecord("jaxreplay.run.schedules.async_:AsyncScheduler", partial_rollouts=True),
 }

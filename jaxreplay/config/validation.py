@@ -21,9 +21,11 @@ from jaxreplay.config import devices as devices_lib
 from jaxreplay.config import schedule_table
 from jaxreplay.rollout import backend_table
 
-TASKS = ("arithmetic", "scratchpad", "multiplication", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a
-                                                                   # character tokenizer
+TASKS = ("arithmetic", "scratchpad", "multiplication", "math", "calculator")
+# generated problems over a character tokenizer
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication", "calculator")
+ENV_TASKS = ("calculator",)  # tasks with an environment of their own (multi-turn)
+DIGIT_DECAY_TASKS = ("arithmetic", "scratchpad", "calculator")  # the tasks task.digit_decay shapes
 
 
 CHARGE_DIAGNOSTICS = ("auto", "on", "off")  # log.charge_diagnostics (run.regime.charges_diagnostics)
@@ -32,7 +34,8 @@ CHARGE_DIAGNOSTICS = ("auto", "on", "off")  # log.charge_diagnostics (run.regime
 def validate_config(c) -> None:
   """Config conflicts a user can make, caught before anything is built (one ValueError)."""
   errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
-            rollout_errors(c.rollout, c.model.max_len) + buffer_errors(c.buffer, c.rollout, c.log) +
+            rollout_errors(c.rollout, c.model.max_len) + partial_errors(c) +
+            buffer_errors(c.buffer, c.rollout, c.log) +
             trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
             devices_errors(c.devices) + log_errors(c))
   if errors:
@@ -126,6 +129,13 @@ def task_errors(t) -> list[str]:
       arithmetic.digit_range(t.num_digits)
     except ValueError as e:
       errors.append(f"task.{e}")
+  decay = t.get("digit_decay", 1.0)
+  if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and decay > 0):
+    errors.append(f"task.digit_decay={decay!r} must be a number > 0 (1 = operand digit counts "
+                  "uniform, < 1 a geometric tail of long problems)")
+  elif decay != 1.0 and t.name not in DIGIT_DECAY_TASKS:
+    errors.append(f"task.digit_decay={decay} is read by the tasks {DIGIT_DECAY_TASKS} only "
+                  f"(task.name={t.name!r}); leave it at 1.0")
   if not 0.0 <= t.max_skip_fraction <= 1.0:
     errors.append(f"task.max_skip_fraction={t.max_skip_fraction} must be in [0, 1] (the "
                   "share of dataset rows that may be dropped for not fitting the context)")
@@ -148,7 +158,32 @@ def task_errors(t) -> list[str]:
   if t.num_reward_workers < 1:
     errors.append(f"task.num_reward_workers={t.num_reward_workers} must be >= 1 (reward "
                   "processes of the math task)")
+  return errors + env_errors(t)
+
+
+def env_errors(t) -> list[str]:
+  """task.env_*: the environment plug-in and the trajectories' limits (multi-turn)."""
+  errors = []
+  env_fn = t.get("env_fn", "")
+  if env_fn and (env_fn.count(":") != 1 or not all(env_fn.split(":"))):
+    errors.append(f"task.env_fn={env_fn!r}: expected 'module:factory' (a function with no "
+                  "arguments that returns an environment, jaxreplay.tasks.environments)")
+  if env_fn and t.name in ENV_TASKS:
+    errors.append(f"task.env_fn={env_fn!r}: task.name={t.name!r} has its own environment; unset "
+                  "task.env_fn or use another task's problems")
+  if t.get("env_max_turns", 1) < 1:
+    errors.append(f"task.env_max_turns={t.env_max_turns} must be >= 1")
+  if t.get("env_max_tokens", 0) < 0:
+    errors.append(f"task.env_max_tokens={t.env_max_tokens} must be >= 0 (tokens; 0 = "
+                  "model.max_len)")
+  if not t.get("env_step_timeout_s", 1.0) > 0:
+    errors.append(f"task.env_step_timeout_s={t.env_step_timeout_s} must be > 0 [s]")
   return errors
+
+
+def multiturn(c) -> bool:
+  """Whether the run's task is an environment's (multi-turn trajectories)."""
+  return c.task.name in ENV_TASKS or bool(c.task.get("env_fn", ""))
 
 
 def rollout_errors(r, model_max_len: int) -> list[str]:
@@ -195,6 +230,48 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
     errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
                   f"{transports} (shm: shared memory, file: an HF directory per refresh)")
   return errors + ray_errors(r)
+
+
+PARTIAL_MODES = ("off", "continue")  # rollout.partial
+
+
+def partial_errors(c) -> list[str]:
+  """rollout.partial and rollout.partial_chunk_tokens: "continue" needs a schedule whose workers
+  run beside the trainer (`schedule_table`'s `partial_rollouts`: async) and local workers of a
+  backend whose record `continues_requests` (jax, vllm)."""
+  r = c.rollout
+  mode = r.get("partial", "off")
+  chunk = r.get("partial_chunk_tokens", 16)
+  if mode not in PARTIAL_MODES:
+    return [f"rollout.partial={mode!r}: expected one of {PARTIAL_MODES}"]
+  errors = []
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    errors.append(f"rollout.partial_chunk_tokens={chunk!r} must be an integer >= 1 (tokens a "
+                  "request advances per generate call, between two checks for newer weights)")
+  if mode == "off":
+    return errors
+  record = schedule_table.SCHEDULES.get(c.scheduler.kind)
+  if record is not None and not record.partial_rollouts:
+    errors.append(f"rollout.partial='continue' continues requests in flight at a weight refresh, "
+                  f"which happens in the async pool; scheduler.kind={c.scheduler.kind!r} "
+                  "generates whole requests: set --config.scheduler.kind=async or "
+                  "--config.rollout.partial=off")
+  unsupported = [b.name for b in backend_table.candidates(r.backend) if not b.continues_requests]
+  if unsupported:
+    built = tuple(b.name for b in backend_table.BACKENDS.values() if b.continues_requests)
+    errors.append(f"rollout.partial='continue' is built for the backends {built}; "
+                  f"rollout.backend={r.backend!r} does not continue a request from its prefix: "
+                  f"set --config.rollout.backend to one of {built} or --config.rollout.partial=off")
+  if multiturn(c):
+    errors.append(f"rollout.partial='continue' advances single completions in chunks; "
+                  f"task.name={c.task.name!r} is multi-turn (an environment answers between "
+                  "turns): set --config.rollout.partial=off")
+  placement = r.get("placement", "local")
+  if placement != "local":
+    errors.append(f"rollout.partial='continue' runs on local workers; rollout.placement="
+                  f"{placement!r}: set --config.rollout.placement=local or "
+                  "--config.rollout.partial=off")
+  return errors
 
 
 def ray_errors(r) -> list[str]:
@@ -284,6 +361,10 @@ def buffer_errors(b, r, log=None) -> list[str]:
         errors.append(f"buffer.{e}")
   if b.max_uses < 0:
     errors.append(f"buffer.max_uses={b.max_uses} must be >= 0 (0 = no cap)")
+  max_staleness = b.get("max_staleness", 0)
+  if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+    errors.append(f"buffer.max_staleness={max_staleness!r} must be an integer >= 0 (policy "
+                  "versions a completion token may lag the trainer; 0 = no limit)")
   if b.on_policy and (b.priority != "uniform" or b.max_uses or b.replace_zero_variance):
     errors.append("buffer.on_policy=True uses each rollout once: buffer.priority, max_uses and "
                   "replace_zero_variance do not apply; leave them at 'uniform', 0, False")
@@ -389,7 +470,11 @@ def scheduler_errors(s, c) -> list[str]:
   if isinstance(k, bool) or not isinstance(k, int) or k < 0:
     errors.append(f"scheduler.generation_batch={k!r} must be an integer >= 0 (requests per sampler "
                   "call; 0 = auto, 1 = one request per call)")
-  elif k != 1:
+  elif k > 1 and multiturn(c):
+    errors.append(f"scheduler.generation_batch={k} generates requests ahead in one sampler call, "
+                  "which a multi-turn task (an environment) does not: set "
+                  "scheduler.generation_batch=1 (or 0: auto, one for a multi-turn task)")
+  elif k != 1 and not multiturn(c):
     placement = c.rollout.get("placement", "local")
     in_process = placement == "local" and all(
         b.on_trainer_devices for b in backend_table.candidates(c.rollout.backend))

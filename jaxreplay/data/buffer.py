@@ -27,6 +27,14 @@ oldest rollouts (counted in "buffer/evicted").
 `set_newest_unused(True)` (the reuse controller at a replay ratio of 1) makes `sample` take the
 newest B never-used rollouts, as that queue would, while keeping everything held for later reuse.
 
+Per-token versions (rollouts continued across weight refreshes, `Rollout.token_versions`): a
+rollout's `policy_version` is its oldest token's, so the staleness statistics are per rollout by
+its oldest token, and a batch's per-token staleness is reported too (TOKEN_STALENESS_KEYS).
+`max_staleness` k > 0 (buffer.max_staleness) is enforced per token: the trainer masks out of a
+batch every token more than k versions old (`collate(min_token_version=...)`), and
+`drop_stale(current_version)` removes the rollouts whose NEWEST token is more than k versions old
+(nothing of them is left to train on), counted in "buffer/stale_dropped".
+
 All methods are thread-safe (one lock and condition variable); `sample` blocks until enough
 rollouts are held, and `close()` wakes blocked samplers with `BufferClosedError`.
 """
@@ -44,7 +52,7 @@ from jaxreplay.data import buffer_state
 from jaxreplay.data import samplers
 from jaxreplay.data.buffer_keys import (  # noqa: F401 (re-exported)
     BATCH_KEYS, HELD_STALENESS_KEYS, MAX_USES_KEYS,
-    METRIC_KEYS, STALENESS_KEYS, ZERO_VARIANCE_KEYS)
+    METRIC_KEYS, STALE_DROP_KEYS, STALENESS_KEYS, TOKEN_STALENESS_KEYS, ZERO_VARIANCE_KEYS)
 from jaxreplay.data.samplers import (sampler_options,  # noqa: F401 (re-exported)
                                      successive_sampling)
 from jaxreplay.learner.batch import Rollout  # re-exported: `buffer.Rollout` is public
@@ -108,13 +116,16 @@ class ReplayBuffer:
       "reward", 0.6, 1e-6).
     max_uses: k > 0: a rollout leaves after its k-th use; 0 = no cap.
     replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
+    max_staleness: k > 0: `drop_stale` removes the rollouts whose newest token is more than k
+      policy versions old (module docstring); 0 = no limit.
   The sampler options do not apply to a consuming queue (each rollout is used once there).
   """
 
   def __init__(self, capacity: int, seed: int = 0, positive_fraction: float = 0.0,
                consume: bool = False, consume_order: str = "lifo", priority: str = "uniform",
                fresh_tau: float = 4.0, max_uses: int = 0, replace_zero_variance: bool = False,
-               fresh_base: str = "uniform", fresh_alpha: float = 1.0, fresh_eps: float = 1e-6):
+               fresh_base: str = "uniform", fresh_alpha: float = 1.0, fresh_eps: float = 1e-6,
+               max_staleness: int = 0):
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
       raise ValueError(f"capacity={capacity!r} must be a positive int (rollouts)")
     positive_fraction = float(positive_fraction)
@@ -135,6 +146,11 @@ class ReplayBuffer:
       raise ValueError(f"consume_order={consume_order!r}; expected one of {tuple(samplers.QUEUES)}")
     samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume,
                            fresh_base, fresh_alpha, fresh_eps)
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, (int, np.integer)) or (
+        max_staleness < 0):
+      raise ValueError(f"max_staleness={max_staleness!r} must be an int >= 0 (policy versions; 0 = "
+                       "no limit)")
+    self.max_staleness = int(max_staleness)
     self.priority, self.fresh_tau = priority, float(fresh_tau)
     self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
     # how `sample` picks a batch: the queue's order, else the priority's sampler
@@ -160,6 +176,7 @@ class ReplayBuffer:
     self._items: list[Optional[Rollout]] = [None] * n
     self._slot_uid = np.full(n, -1, np.int64)
     self._slot_version = np.zeros(n, np.int64)
+    self._slot_newest = np.zeros(n, np.int64)  # the version of each rollout's newest token
     self._slot_use = np.zeros(n, np.int64)
     self._slot_group = np.zeros(n, np.int64)
     self._groups: dict[int, list] = {}  # group id -> [min reward, max reward, members held]
@@ -180,6 +197,8 @@ class ReplayBuffer:
     self._consumed = 0
     self._retired = 0
     self._retired_use_sum = 0
+    self._stale_dropped = 0
+    self._stale_dropped_unused = 0
 
   # ---- adding ----------------------------------------------------------------------------------
 
@@ -227,6 +246,7 @@ class ReplayBuffer:
     self._items[slot] = item
     self._slot_uid[slot] = item.uid
     self._slot_version[slot] = item.policy_version
+    self._slot_newest[slot] = item.newest_version
     self._slot_use[slot] = 0
     self._hold_group(slot, item)
     self._recent[(self._recent_head + self._recent_count) % self.n_recent] = slot
@@ -267,6 +287,23 @@ class ReplayBuffer:
       self._retired += 1
       self._retired_use_sum += int(self._slot_use[s])
       self._drop(s, evicted=False)
+
+  def drop_stale(self, current_version: int) -> int:
+    """With max_staleness k > 0: removes every held rollout whose newest token is more than k
+    versions older than `current_version` (each token of it would be masked out of a batch);
+    returns how many. 0 (and nothing done) without a limit."""
+    if not self.max_staleness:
+      return 0
+    with self._cond:
+      slots = self._logical_slots(np.arange(self._size(), dtype=np.int64))
+      stale = slots[int(current_version) - self._slot_newest[slots] > self.max_staleness]
+      if stale.size:
+        self._take_out(stale)
+        for s in stale.tolist():
+          self._stale_dropped += 1
+          self._stale_dropped_unused += int(self._slot_use[s] == 0)
+          self._drop(s, evicted=False)
+      return int(stale.size)
 
   def _consume(self, slots: np.ndarray) -> None:
     """Removes the on-policy queue's batch `slots` (each rollout is used once)."""
@@ -375,6 +412,8 @@ class ReplayBuffer:
         stats.update(current_version=int(current_version), staleness=st,
                      staleness_mean=float(st.mean()), staleness_max=int(st.max()),
                      staleness_min=int(st.min()))
+        if any(r.token_versions is not None for r in out):
+          stats.update(_token_staleness(out, int(current_version)))
       if self.replace_zero_variance:
         stats["zero_variance"] = self._zero_variance(slots)
       self._last_batch_stats = stats
@@ -400,7 +439,8 @@ class ReplayBuffer:
   def last_batch_stats(self) -> Optional[dict[str, Any]]:
     """Stats of the most recent `sample` (any thread): uids, use_counts, policy_versions (int64
     [B]), use_count_mean / use_count_max (this use included) and, when sampled with
-    current_version, staleness (int64 [B]) and staleness_mean / staleness_max / staleness_min;
+    current_version, staleness (int64 [B]) and staleness_mean / staleness_max / staleness_min
+    (and, when some rollout carries per-token versions, the TOKEN_STALENESS_KEYS by name);
     with replace_zero_variance, zero_variance (bool [B]: the rollout's group has all rewards equal)."""
     with self._cond:
       return None if self._last_batch_stats is None else dict(self._last_batch_stats)
@@ -477,6 +517,12 @@ class ReplayBuffer:
           m["buffer/staleness_mean"] = last["staleness_mean"]
           m["buffer/staleness_max"] = last["staleness_max"]
           m["buffer/staleness_min"] = last["staleness_min"]
+        for key in TOKEN_STALENESS_KEYS:
+          if key in last:
+            m[key] = last[key]
+      if self.max_staleness:
+        m["buffer/stale_dropped"] = self._stale_dropped
+        m["buffer/stale_dropped_unused"] = self._stale_dropped_unused
       if current_version is not None and size:
         st = int(current_version) - self._slot_version[slots]
         m["buffer/held_staleness_mean"] = float(st.mean())
@@ -517,6 +563,8 @@ class ReplayBuffer:
           "group_stats_min": np.array([g[0] for g in self._groups.values()], np.float64),
           "group_stats_max": np.array([g[1] for g in self._groups.values()], np.float64),
           "rng_state": buffer_state.rng_to_words(self._rng),
+          **({"stale_dropped": self._stale_dropped,
+              "stale_dropped_unused": self._stale_dropped_unused} if self.max_staleness else {}),
           **buffer_state.rollouts_to_arrays(items),
       }
 
@@ -553,6 +601,7 @@ class ReplayBuffer:
         self._items[slot] = item
         self._slot_uid[slot] = item.uid
         self._slot_version[slot] = item.policy_version
+        self._slot_newest[slot] = item.newest_version
         self._slot_use[slot] = item.use_count
         if i < n_recent:
           self._recent[i] = slot
@@ -564,7 +613,9 @@ class ReplayBuffer:
                         ("_total_sampled", "total_sampled"), ("_evicted", "evicted"),
                         ("_evicted_use_sum", "evicted_use_count_sum"), ("_promoted", "promoted"),
                         ("_consumed", "consumed"), ("_retired", "retired"),
-                        ("_retired_use_sum", "retired_use_count_sum")):
+                        ("_retired_use_sum", "retired_use_count_sum"),
+                        ("_stale_dropped", "stale_dropped"),
+                        ("_stale_dropped_unused", "stale_dropped_unused")):
         setattr(self, attr, int(scalar(key)) if key in state else 0)
       if "group_stats_id" in state:  # the reward ranges include members no longer held
         for gid, lo, hi in zip(np.asarray(state["group_stats_id"]).tolist(),
@@ -578,3 +629,12 @@ class ReplayBuffer:
       self._rng = rng
       self._last_batch_stats = None
       self._cond.notify_all()
+
+
+def _token_staleness(rollouts: list[Rollout], current_version: int) -> dict[str, float]:
+  """TOKEN_STALENESS_KEYS of a batch (some of whose rollouts carry per-token versions)."""
+  versions = [r.versions_per_token() for r in rollouts]
+  st = current_version - np.concatenate(versions).astype(np.int64)
+  return {"buffer/token_staleness_mean": float(st.mean()),
+          "buffer/token_staleness_max": float(st.max()),
+          "buffer/versions_per_rollout_mean": float(np.mean([np.unique(v).size for v in versions]))}

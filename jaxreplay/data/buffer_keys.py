@@ -50,5 +50,21 @@ ZERO_VARIANCE_KEYS = (
     "buffer/zero_variance_fraction",  # share of held rollouts whose group's rewards are all equal
     "buffer/batch_zero_variance_fraction",  # the same share in the last batch (once sampled)
 )
+# Keys present when the last batch, sampled with `current_version=`, holds rollouts continued
+# across weight refreshes (`Rollout.token_versions`, rollout.partial="continue"): staleness per
+# completion token (current_version - the token's version); buffer/staleness_* above is then per
+# rollout, by its oldest token.
+TOKEN_STALENESS_KEYS = (
+    "buffer/token_staleness_mean",  # over the batch's completion tokens
+    "buffer/token_staleness_max",
+    "buffer/versions_per_rollout_mean",  # distinct policy versions among a rollout's tokens
+)
+# Keys present with max_staleness > 0 (buffer.max_staleness, enforced per token): a rollout whose
+# newest token is more than max_staleness versions old has nothing left to train on and leaves.
+STALE_DROP_KEYS = (
+    "buffer/stale_dropped",         # rollouts removed because even their newest token is too stale
+    "buffer/stale_dropped_unused",  # of those, never sampled (wasted generation)
+)
 # Every key about the last sampled batch: reported on the row of the update that sampled it.
-LAST_SAMPLE_KEYS = BATCH_KEYS + STALENESS_KEYS + ("buffer/batch_zero_variance_fraction",)
+LAST_SAMPLE_KEYS = (BATCH_KEYS + STALENESS_KEYS + ("buffer/batch_zero_variance_fraction",)
+                    + TOKEN_STALENESS_KEYS)

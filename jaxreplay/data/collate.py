@@ -15,6 +15,16 @@ fewest token slots rows * T, each rollout its own segment (segment ids 1, 2, ...
 positions restarting at 0), with advantages, rewards and policy versions per token; see
 `jaxreplay.learner.batch` for the packed layout. The row count is rounded (`packed_row_count`) so that a
 run compiles a bounded number of shapes, and never exceeds the unpacked one.
+
+Multi-turn trajectories (`Rollout.completion_mask` set): the environment's tokens inside a
+completion are targets like the others but get `completion_mask` 0 (and behaviour log-prob 0), in
+either layout; rollouts without a mask are unchanged.
+
+Per-token versions (rollouts continued across weight refreshes, `rollout.partial="continue"`):
+`token_versions=True` adds `Batch.token_versions` [B, T], each completion token's policy version
+laid out as `behaviour_logprobs` (from `Rollout.token_versions`, or the rollout's one version);
+`min_token_version=v` masks out (completion_mask 0, behaviour log-prob 0) every completion token
+sampled by a version older than v: `buffer.max_staleness` enforced per token.
 """
 from __future__ import annotations
 
@@ -50,7 +60,8 @@ def pick_bucket(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
 
 def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id: int = 0,
             batch_size: Optional[int] = None, pack: bool = False, row_multiple: int = 1,
-            same_bucket: bool = False) -> Batch:
+            same_bucket: bool = False, token_versions: bool = False,
+            min_token_version: Optional[int] = None) -> Batch:
   """Packs rollouts (objects with the `buffer.Rollout` fields) into a `Batch`, one per row.
 
   Args:
@@ -67,6 +78,9 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
     same_bucket: with pack, keep T = the bucket of the unpacked batch (the smallest >= the longest
       rollout) instead of the one with the fewest token slots: the "constant" aggregation's default
       normaliser (rollouts * T in the train step) then equals the unpacked B * T.
+    token_versions: fill `Batch.token_versions` (int32 [rows, T]); False leaves it None.
+    min_token_version: mask out the completion tokens sampled by a version older than this
+      (module docstring); None masks nothing.
   Returns:
     Batch with [rows, T] int32/float32 arrays and [rows] advantages, rewards, policy_version
     ([rows, T] when packed).
@@ -83,13 +97,16 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
       raise ValueError(f"collate got {n} rollouts for batch_size={batch_size} rows: sample at "
                        "most batch_size rollouts")
   rows = n if batch_size is None else batch_size
+  versions = _TokenVersions(rollouts, token_versions, min_token_version)
   if pack and n:
-    return _collate_packed(rollouts, buckets, pad_id, batch_size, int(row_multiple), same_bucket)
+    return versions.apply(*_collate_packed(rollouts, buckets, pad_id, batch_size,
+                                           int(row_multiple), same_bucket))
   if n == 0:
     if batch_size is None:
       raise ValueError("collate got no rollouts: pass batch_size to build an all-padding batch")
     b = batch_lib.zeros(batch_size, _check_buckets(buckets)[0])
-    return b._replace(tokens=np.full_like(b.tokens, pad_id), targets=np.full_like(b.targets, pad_id))
+    b = b._replace(tokens=np.full_like(b.tokens, pad_id), targets=np.full_like(b.targets, pad_id))
+    return versions.apply(b)
   prompts = [r.prompt_tokens for r in rollouts]
   completions = [r.completion_tokens for r in rollouts]
   lp = np.fromiter((p.shape[0] for p in prompts), np.int32, n)  # int32 like `t`: no casts
@@ -125,6 +142,9 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
   segment_ids[:n] = valid
   completion_mask = np.zeros((rows, seq_len), np.float32)
   completion_mask[:n] = in_completion
+  policy = _policy_mask(rollouts)
+  if policy is not None:  # multi-turn: the environment's tokens are no targets of any loss
+    completion_mask[:n][in_completion] = policy
   behaviour_logprobs = np.zeros((rows, seq_len), np.float32)
   behaviour_logprobs[:n][in_completion] = flat_logprobs
 
@@ -133,11 +153,56 @@ def collate(rollouts: Sequence, buckets: Sequence[int] = DEFAULT_BUCKETS, pad_id
     out[:n] = np.fromiter((getattr(r, field) for r in rollouts), dtype, n)
     return out
 
-  return Batch(
+  return versions.apply(Batch(
       tokens=tokens, positions=positions, segment_ids=segment_ids, targets=targets,
       completion_mask=completion_mask, behaviour_logprobs=behaviour_logprobs,
       advantages=per_row("advantage", np.float32), rewards=per_row("reward", np.float32),
-      policy_version=per_row("policy_version", np.int32))
+      policy_version=per_row("policy_version", np.int32)), np.flatnonzero(in_completion))
+
+
+class _TokenVersions:
+  """Each completion token's policy version, written into a collated batch (`token_versions`)
+  and used to mask the too-stale ones (`min_token_version`); nothing when neither is asked.
+
+  `apply(batch, where)`: `where` int [n tokens] are the flat [rows * T] positions of the
+  completion tokens in rollout order (where their behaviour log-probs went, environment tokens of
+  multi-turn trajectories included; their versions are then zeroed with their mask); None only for
+  an all-padding batch (no completion token)."""
+
+  def __init__(self, rollouts: Sequence, fill: bool, min_version: Optional[int]):
+    self.fill, self.min_version = bool(fill), min_version
+    self.flat = None
+    if (self.fill or min_version is not None) and rollouts:
+      self.flat = np.concatenate([r.versions_per_token() for r in rollouts]).astype(np.int32)
+
+  def apply(self, batch: Batch, where: Optional[np.ndarray] = None) -> Batch:
+    if not self.fill and self.min_version is None:
+      return batch
+    in_completion = batch.completion_mask > 0
+    versions = np.zeros(batch.tokens.shape, np.int32)
+    if self.flat is not None:
+      versions.reshape(-1)[where] = self.flat
+      versions[~in_completion] = 0
+    if self.fill:
+      batch = batch._replace(token_versions=versions)
+    if self.min_version is not None:
+      stale = in_completion & (versions < int(self.min_version))
+      batch = batch._replace(
+          completion_mask=np.where(stale, 0.0, batch.completion_mask).astype(np.float32),
+          behaviour_logprobs=np.where(stale, 0.0, batch.behaviour_logprobs).astype(np.float32))
+      if self.fill:
+        batch = batch._replace(token_versions=np.where(stale, 0, versions).astype(np.int32))
+    return batch
+
+
+def _policy_mask(rollouts: Sequence) -> Optional[np.ndarray]:
+  """float32 [sum Lc]: the concatenated `completion_mask` of the rollouts (1 for those without
+  one), or None when no rollout has one (single-turn)."""
+  masks = [getattr(r, "completion_mask", None) for r in rollouts]
+  if all(m is None for m in masks):
+    return None
+  return np.concatenate([np.ones(r.completion_tokens.shape[0], np.float32) if m is None
+                         else np.asarray(m, np.float32) for r, m in zip(rollouts, masks)])
 
 
 # ---- packing ------------------------------------------------------------------------------------
@@ -188,7 +253,9 @@ def packed_row_count(needed: int, cap: int, row_multiple: int = 1) -> int:
 
 
 def _collate_packed(rollouts: list, buckets: Sequence[int], pad_id: int,
-                    batch_size: Optional[int], row_multiple: int, same_bucket: bool) -> Batch:
+                    batch_size: Optional[int], row_multiple: int, same_bucket: bool
+                    ) -> tuple[Batch, np.ndarray]:
+  """The packed batch and the flat [rows * T] positions of its completion tokens, in order."""
   n = len(rollouts)
   lp = np.fromiter((r.prompt_tokens.shape[0] for r in rollouts), np.int64, n)
   lc = np.fromiter((r.completion_tokens.shape[0] for r in rollouts), np.int64, n)
@@ -240,7 +307,11 @@ def _collate_packed(rollouts: list, buckets: Sequence[int], pad_id: int,
   targets = scatter(np.where(last, pad_id, tokens.reshape(-1)[next_flat]), np.int32, pad_id)
   # Positions Lp-1 .. L-2 of a rollout predict its completion tokens.
   in_completion = (local >= np.repeat(lp - 1, length)) & ~last
-  completion_mask = scatter(in_completion.astype(np.float32), np.float32)
+  completion = in_completion.astype(np.float32)
+  policy = _policy_mask(rollouts)
+  if policy is not None:  # multi-turn: the environment's tokens are no targets of any loss
+    completion[in_completion] = policy
+  completion_mask = scatter(completion, np.float32)
   behaviour = np.zeros(total, np.float32)
   behaviour[in_completion] = np.concatenate([r.logprobs for r in rollouts])
   behaviour_logprobs = scatter(behaviour, np.float32)
@@ -249,11 +320,12 @@ def _collate_packed(rollouts: list, buckets: Sequence[int], pad_id: int,
     values = np.fromiter((getattr(r, field) for r in rollouts), dtype, n)
     return scatter(np.repeat(values, length), dtype)
 
-  return Batch(
+  batch = Batch(
       tokens=tokens, positions=positions, segment_ids=segment_ids, targets=targets,
       completion_mask=completion_mask, behaviour_logprobs=behaviour_logprobs,
       advantages=per_token("advantage", np.float32), rewards=per_token("reward", np.float32),
       policy_version=per_token("policy_version", np.int32))
+  return batch, flat[in_completion]  # where each completion token (in rollout order) went
 
 
 def padding_fraction(batch: Batch) -> float:

@@ -7,6 +7,11 @@
                 concurrent deliveries score in parallel), `dropped` re-queues the prompts of a
                 lost request; it counts rollouts in flight, numbers groups and keeps fresh rewards;
   score_groups / to_rollouts / groups_to_rollouts  decode, score, group-relative advantages.
+
+Multi-turn tasks (an `EpisodeRunner`, `rollout.multiturn`): each request carries its `Episodes`
+(`PromptBatch.episodes`), a completion is a whole trajectory scored by its environment
+(`EpisodeInfo.reward`), its rollout keeps the trajectory's mask and turn boundaries, and the
+intake counts the trajectories' statistics for the metrics rows (`env_metrics`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from jaxreplay.learner import algorithms
 from jaxreplay.learner.batch import Rollout
 from jaxreplay.rollout.base import Group, SamplingParams
 from jaxreplay.rollout.base import PoolStopped, PromptBatch
+from jaxreplay.rollout import multiturn
 
 
 def make_advantage_fn(loss: str, options: Any = None) -> Callable:
@@ -35,13 +41,17 @@ def make_advantage_fn(loss: str, options: Any = None) -> Callable:
 def score_groups(groups: Sequence[Group], problems: Sequence[Any], task, codec) -> np.ndarray:
   """Decodes every completion and scores it against its problem: rewards float32 [P, G].
 
-  groups[i] holds the G completions of problems[i]; all groups must have the same G.
+  groups[i] holds the G completions of problems[i]; all groups must have the same G. Multi-turn
+  trajectories (completions with an `episode`) were scored by their environment: its reward.
   """
   if len(groups) != len(problems):
     raise ValueError(f"{len(groups)} groups for {len(problems)} problems")
   sizes = {len(g.completions) for g in groups}
   if len(sizes) != 1:
     raise ValueError(f"groups have different sizes {sorted(sizes)}")
+  if all(c.episode is not None for g in groups for c in g.completions):
+    return np.asarray([[c.episode.reward for c in g.completions] for g in groups],
+                      np.float32).reshape(len(groups), -1)
   texts, owners = [], []
   for g, p in zip(groups, problems):
     for c in g.completions:
@@ -61,8 +71,18 @@ def to_rollouts(groups: Sequence[Group], rewards: np.ndarray, advantages: np.nda
       rollouts.append(Rollout(prompt_tokens=g.prompt_tokens, completion_tokens=c.tokens,
                               logprobs=c.logprobs, reward=float(rewards[i, j]),
                               advantage=float(advantages[i, j]),
-                              policy_version=int(g.policy_version), group_id=int(gid)))
+                              policy_version=_oldest(g, c), group_id=int(gid),
+                              token_versions=c.versions, completion_mask=c.mask,
+                              turn_starts=c.turn_starts))
   return rollouts
+
+
+def _oldest(group: Group, completion) -> int:
+  """A rollout's policy version: its oldest token's (a completion continued across refreshes
+  carries each token's, `Completion.versions`), else its group's."""
+  if completion.versions is None:
+    return int(group.policy_version)
+  return int(np.min(completion.versions))
 
 
 def groups_to_rollouts(groups: Sequence[Group], problems: Sequence[Any], task, codec,
@@ -152,17 +172,23 @@ class Intake:
       flight and those held fit the capacity (workers wait, as the paper's baseline does).
     gate: `fn(rollouts in flight) -> bool`, whether a request may start (the reuse controller's
       throttle, `data.reuse`); None = always.
+    episodes: a multi-turn task's `multiturn.EpisodeRunner` (requests carry their `Episodes`);
+      None: one completion per sample.
   """
 
   def __init__(self, task, codec, prompts: PromptSource, buffer, advantage_fn: Callable,
                sampling: SamplingParams, prompts_per_request: int, group_size: int,
-               on_policy: bool = False, gate: Optional[Callable[[int], bool]] = None):
+               on_policy: bool = False, gate: Optional[Callable[[int], bool]] = None,
+               episodes: Optional[multiturn.EpisodeRunner] = None):
     self.task, self.codec, self.prompts, self.buffer = task, codec, prompts, buffer
     self.advantage_fn, self.sampling = advantage_fn, sampling
     self.prompts_per_request, self.group_size = int(prompts_per_request), int(group_size)
     self.request_rollouts = self.prompts_per_request * self.group_size
     self.on_policy = bool(on_policy)
     self.gate = gate
+    self.episodes = episodes
+    self._env_counts = dict.fromkeys(multiturn.COUNT_KEYS, 0)
+    self._fresh_env: list[multiturn.EpisodeInfo] = []
     self.next_group_id = 0
     self._in_flight = 0
     self._fresh_rewards: list[np.ndarray] = []
@@ -192,8 +218,13 @@ class Intake:
         return None
       self._in_flight += self.request_rollouts
     items = self.prompts.take(self.prompts_per_request)
+    return self._batch(items)
+
+  def _batch(self, items: list[tuple[int, Any]]) -> PromptBatch:
     tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
-    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+    episodes = (None if self.episodes is None else
+                multiturn.Episodes(self.episodes, tuple(p for _, p in items)))
+    return PromptBatch(tokens, self.group_size, self.sampling, meta=items, episodes=episodes)
 
   def score(self, batch: PromptBatch, groups: Sequence[Group]) -> np.ndarray:
     """Rewards float32 [P, G] of the groups of `batch` (decoded and scored by the task). Holds no
@@ -219,6 +250,11 @@ class Intake:
         self.prompts.delivered([i for i, _ in batch.meta])
         with self._lock:
           self._fresh_rewards.append(rewards.reshape(-1))
+          if self.episodes is not None:
+            infos = multiturn.episode_infos(groups)
+            self._fresh_env.extend(infos)
+            for k, v in multiturn.counts(infos).items():
+              self._env_counts[k] += v
     finally:
       with self._lock:
         self._in_flight -= self.request_rollouts
@@ -230,8 +266,7 @@ class Intake:
     self.prompts.restore_in_flight([i for i, _ in items])
     with self._lock:
       self._in_flight += self.request_rollouts
-    tokens = [self.codec.encode_prompt(p.prompt) for _, p in items]
-    return PromptBatch(tokens, self.group_size, self.sampling, meta=items)
+    return self._batch(items)
 
   def dropped(self, batch: PromptBatch, error: BaseException) -> None:
     """A worker died mid-request: its prompts are handed out again, nothing reached the buffer."""
@@ -248,14 +283,38 @@ class Intake:
       fresh, self._fresh_rewards = self._fresh_rewards, []
     return np.concatenate(fresh) if fresh else np.zeros(0, np.float32)
 
+  def env_metrics(self) -> dict[str, float]:
+    """Multi-turn only ({} otherwise): the env/* keys of a metrics row: the counts of every
+    trajectory delivered (`multiturn.COUNT_KEYS`: cumulative) and the means of those delivered
+    since the last call (`multiturn.means`: env/turns_mean, env/tool_calls_mean, env/tool_correct,
+    finish fractions; NaN without fresh trajectories)."""
+    if self.episodes is None:
+      return {}
+    with self._lock:
+      fresh, self._fresh_env = self._fresh_env, []
+      counts = {k: float(v) for k, v in self._env_counts.items()}
+    return {**multiturn.means(fresh), **counts}
+
+  def env_counts(self) -> dict[str, float]:
+    """The cumulative env/* counts (`multiturn.COUNT_KEYS`), {} for a single-turn task."""
+    if self.episodes is None:
+      return {}
+    with self._lock:
+      return {k: float(v) for k, v in self._env_counts.items()}
+
   def state_dict(self) -> dict[str, Any]:
     """{"next_group_id", "prompts", "fresh_rewards"}: merged into the checkpoint's host state
-    (fresh rewards: those not yet reported in a metrics row)."""
+    (fresh rewards: those not yet reported in a metrics row); multi-turn also "fresh_episodes"
+    (the fresh trajectories' `EpisodeInfo`s as dicts)."""
     with self._lock:
       fresh = (np.concatenate(self._fresh_rewards) if self._fresh_rewards
                else np.zeros(0, np.float32))
-    return {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict(),
-            "fresh_rewards": fresh}
+      episodes = [i.to_dict() for i in self._fresh_env]
+    state = {"next_group_id": self.next_group_id, "prompts": self.prompts.state_dict(),
+             "fresh_rewards": fresh}
+    if self.episodes is not None:
+      state["fresh_episodes"] = episodes
+    return state
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     """Reads the keys of `state_dict` from a checkpoint's host state (other keys are ignored)."""
@@ -264,3 +323,4 @@ class Intake:
     fresh = np.asarray(state.get("fresh_rewards", np.zeros(0)), np.float32)
     with self._lock:
       self._fresh_rewards = [fresh] if fresh.size else []
+      self._fresh_env = [multiturn.EpisodeInfo(**e) for e in state.get("fresh_episodes", ())]

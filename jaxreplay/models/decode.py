@@ -1,4 +1,5 @@
-"""KV-cache decoding: `init_cache`, `prefill` of right-padded prompts, one-token `decode_step`s.
+"""KV-cache decoding: `init_cache`, `prefill` of right-padded prompts, one-token `decode_step`s,
+and `extend` (tokens appended to a filled cache: the next turn of a multi-turn trajectory).
 
 All shapes are static, so the three functions jit with `cfg` static (and the cache donated). Each row
 keeps its own length: rows with different prompt lengths decode side by side, each writing its next
@@ -131,3 +132,54 @@ def decode_step(cfg: ModelConfig, params: dict, tokens: jax.Array,
   (x, k, v), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
   h = transformer.rms_norm(x[:, 0], params["norm"], cfg.rms_norm_eps)
   return transformer.lm_head(cfg, params, h), KVCache(k=k, v=v, lengths=pos + 1)
+
+
+def extend(cfg: ModelConfig, params: dict, tokens: jax.Array, lengths: jax.Array,
+           cache: KVCache) -> tuple[jax.Array, KVCache]:
+  """Appends right-padded tokens to every row of a filled cache (a multi-turn trajectory's next
+  observation, prefilled into the cache the previous turns left).
+
+  Args:
+    tokens: int32 [B, La]; row b appends tokens[b, :lengths[b]] at positions cache.lengths[b]
+      onwards, each attending to the row's cached tokens and causally to the ones appended
+      before it (anything after lengths[b] is padding).
+    lengths: int32 [B], 0 <= lengths[b] <= La (0: the row is left as it is).
+    cache: filled by `prefill` / `decode_step` / `extend`; cache.lengths + lengths <= max_len
+      (writes past the end are dropped).
+  Returns:
+    (float32 logits [B, V] after each row's last appended token (unspecified for lengths 0), the
+    cache with lengths + `lengths`).
+  """
+  transformer.check_supported(cfg)
+  params = layout.unpad(cfg, params, layers=False)
+  b, la = tokens.shape
+  _check_cache(cfg, cache, b, "extend")
+  max_len = cache.k.shape[2]
+  lengths = lengths.astype(jnp.int32)
+  start = cache.lengths.astype(jnp.int32)
+  positions = start[:, None] + jnp.arange(la, dtype=jnp.int32)[None, :]       # [B, La]
+  rows = jnp.arange(b)[:, None]
+  mask = jnp.arange(max_len)[None, None, :] <= positions[:, :, None]          # [B, La, max_len]
+  impl = "einsum" if cfg.attention == "einsum" else "xla"
+
+  def layer(carry, xs):
+    x, k_cache, v_cache = carry
+    lp_, i = xs
+
+    def attend(q, k, v):
+      kc = k_cache.at[i, rows, positions].set(k.astype(k_cache.dtype), mode="drop")
+      vc = v_cache.at[i, rows, positions].set(v.astype(v_cache.dtype), mode="drop")
+      out = transformer.attention(q, kc[i].astype(q.dtype), vc[i].astype(q.dtype), mask, impl)
+      return out, (kc, vc)
+
+    x, (k_cache, v_cache) = transformer.block(cfg, layout.unpad_layer(cfg, lp_), x, positions,
+                                              attend)
+    return (x, k_cache, v_cache), None
+
+  x = transformer.embed(cfg, params, tokens)
+  layer_ids = jnp.arange(cfg.num_hidden_layers)
+  (x, k, v), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
+  last = jnp.clip(lengths - 1, 0, la - 1)
+  h = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+  h = transformer.rms_norm(h, params["norm"], cfg.rms_norm_eps)
+  return transformer.lm_head(cfg, params, h), KVCache(k=k, v=v, lengths=start + lengths)

@@ -13,6 +13,8 @@ path, "module:function", imported on first use: this module imports no JAX, vLLM
                `auto_eval_on_engines` (eval.backend="auto": evaluate on these workers)
   engines      `engine_settings` (the engine keyword arguments of the config, "auto" resolved),
                `fills_engine` (requests per call fill rollout.vllm_max_num_seqs)
+  partial      `continues_requests` (rollout.partial="continue": its workers take a request's
+               generated prefix as prompt and sample the next chunk of it)
   Ray          `actor_host` (the class hosting a worker inside a Ray actor), `actor_env_without_gpus`
 
 Keys of `workers`: (placement,) or (placement, "lora") (only LoRA adapters travel). Keys of
@@ -68,6 +70,7 @@ class Backend:
   auto_eval_on_engines: bool = False          # eval.backend="auto" -> "engines"
   engine_settings: Any = None                 # f(config, on_cpu) -> engine kwargs + "env", "dtype"
   fills_engine: bool = False                  # requests_per_call auto fills the engine
+  continues_requests: bool = False            # rollout.partial="continue" is built for it
   actor_host: Any = None                      # class hosting a worker in a Ray actor (path)
   actor_env_without_gpus: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -96,7 +99,7 @@ BACKENDS: dict[str, Backend] = {
         publishers={("local", None): "jaxreplay.rollout.backends:device_copies",
                     ("ray", None): "jaxreplay.rollout.backends:object_store_params",
                     ("local", "lora"): "jaxreplay.rollout.backends:adapter_device_copies"},
-        auto_rank=1, on_trainer_devices=True,
+        auto_rank=1, on_trainer_devices=True, continues_requests=True,
         actor_host="jaxreplay.rollout.ray.actor:JaxSamplerHost",
         actor_env_without_gpus={"JAX_PLATFORMS": "cpu"}),
     "vllm": Backend(
@@ -112,6 +115,7 @@ BACKENDS: dict[str, Backend] = {
         gpus_per_worker=_tensor_parallel_gpus, weight_transports=("shm", "file"),
         dtype_key="vllm_dtype", dtypes=VLLM_DTYPES,
         lora_ranks="jaxreplay.models.lora:VLLM_RANKS", auto_eval_on_engines=True,
+        continues_requests=True,
         engine_settings="jaxreplay.rollout.backends:vllm_engine_settings", fills_engine=True,
         actor_host="jaxreplay.rollout.ray.actor:VllmEngineHost"),
 }

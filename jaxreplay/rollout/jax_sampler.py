@@ -30,8 +30,8 @@ import numpy as np
 from jaxreplay.models import decode
 from jaxreplay.models import hf_io
 from jaxreplay.models.logprobs import filter_logits  # the one definition, shared with the trainer
-from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, Weights,
-                                    check_prompts)
+from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParams, TurnDriver,
+                                    Weights, check_prompts)
 
 
 # ---- pure sampling math -------------------------------------------------------------------------
@@ -126,6 +126,65 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
   carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, *state))
   _, _, _, _, out_t, out_lp, num, stopped = carry
   return out_t, out_lp, num, stopped
+
+
+# ---- multi-turn: one policy turn from a filled cache, observations appended by prefill ----------
+
+_prefill = jax.jit(decode.prefill, static_argnums=0, donate_argnums=4)
+_extend = jax.jit(decode.extend, static_argnums=0, donate_argnums=4)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new", "use_top_k", "use_top_p"),
+                   donate_argnames=("cache",))
+def decode_turn(cfg, params, cache, logits, active, row_keys, turn, temperature, top_k, top_p,
+                stop_ids, limits, *, max_new: int, use_top_k: bool, use_top_p: bool):
+  """One policy turn of every active row, from `logits` [B, V] (after the row's last token; the
+  cache holds every token before it): up to limits[b] tokens, stopping at a stop id.
+
+  Step t of turn k of row b draws with fold_in(fold_in(row_keys[b], k), t). Rows that are done
+  stay frozen (their cache length does not move), so after the turn row b's cache holds its
+  tokens before the turn plus the first num[b] - 1 of the turn: the last sampled token is not in
+  it (the next `extend` appends it, then the observation).
+  Returns out_tokens int32 [B, max_new], out_logprobs float32 [B, max_new], num int32 [B],
+  stopped bool [B], the cache.
+  """
+  b = logits.shape[0]
+  k = top_k if use_top_k else None
+  p = top_p if use_top_p else None
+  turn_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, turn)
+
+  def sample(step, logits):
+    keys = jax.vmap(jax.random.fold_in, (0, None))(turn_keys, step)
+    return sample_token(keys, logits, temperature, k, p)
+
+  def record(step, tok, lp, done, out_t, out_lp, num, stopped):
+    live = ~done
+    out_t = out_t.at[:, step].set(jnp.where(live, tok, 0))
+    out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+    hit = live & jnp.isin(tok, stop_ids)
+    num = num + live.astype(jnp.int32)
+    return done | hit | (num >= limits), out_t, out_lp, num, stopped | hit
+
+  tok, lp = sample(0, logits)
+  state = record(0, tok, lp, ~active | (limits < 1), jnp.zeros((b, max_new), jnp.int32),
+                 jnp.zeros((b, max_new), jnp.float32), jnp.zeros((b,), jnp.int32),
+                 jnp.zeros((b,), bool))
+
+  def cond(carry):
+    step, _, _, done = carry[:4]
+    return (step < max_new) & ~jnp.all(done)
+
+  def body(carry):
+    step, tok, cache, done, *rest = carry
+    frozen = cache.lengths
+    logits, cache = decode.decode_step(cfg, params, tok, cache)
+    cache = cache._replace(lengths=jnp.where(done, frozen, cache.lengths))
+    tok, lp = sample(step, logits)
+    return (step + 1, tok, cache, *record(step, tok, lp, done, *rest))
+
+  carry = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, *state))
+  _, _, cache, _, out_t, out_lp, num, stopped = carry
+  return out_t, out_lp, num, stopped, cache
 
 
 def output_bucket(max_tokens: int, smallest: int = 8) -> int:
@@ -357,6 +416,94 @@ class JaxSampler:
                          for i in range(len(prompts))])
       first += len(prompts) * n
     return out_groups
+
+
+  # ---- multi-turn ---------------------------------------------------------------------------------
+
+  def generate_turns(self, prompts: Sequence[np.ndarray], n: int, sampling: SamplingParams,
+                     driver: TurnDriver) -> None:
+    """Multi-turn generation (`rollout.base.run_turns`) with the KV cache carried across turns.
+
+    The call's rows (prompt r // n, sample r % n) are sorted by prompt length and cut into batches
+    of `batch_size` rows, as in `generate`. Per batch: the prompts are prefilled, then each turn
+    is decoded from the cache (`decode_turn`), `driver.record` returns the rows that continue with
+    their observations, and [the turn's last token, observation] is prefilled into their cache
+    rows (`decode.extend`) before the next turn: nothing is recomputed. The cache holds
+    `driver.max_total` <= max_len tokens. Row r draws its noise from fold_in(seed,
+    sampling.seed, call index, r), then the turn and the step (`decode_turn`); one call index per
+    `generate_turns` call.
+    """
+    if n < 1:
+      raise ValueError(f"n={n} must be >= 1")
+    if driver.max_total > self.max_len:
+      raise ValueError(f"a trajectory budget of {driver.max_total} tokens exceeds this sampler's "
+                       f"max_len={self.max_len}")
+    prompts = check_prompts(prompts, self.cfg.vocab_size, driver.max_total, 1,
+                            max_len_name="trajectory budget")
+    with self._lock:
+      params, cfg, call = self._params, self.cfg, self._calls
+      self._calls += 1
+    if params is None:
+      raise ValueError("this JaxSampler is closed; build a new one")
+    stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
+    stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
+    stop_ids[:len(stop)] = stop
+    sampling_key = jax.random.fold_in(jax.random.key(self.seed), sampling.seed)
+    settings = dict(
+        temperature=jnp.float32(sampling.temperature), top_k=jnp.int32(sampling.top_k),
+        top_p=jnp.float32(sampling.top_p), stop_ids=jnp.asarray(stop_ids),
+        max_new=output_bucket(sampling.max_tokens),
+        use_top_k=0 < sampling.top_k < cfg.vocab_size, use_top_p=sampling.top_p < 1.0)
+    lengths = np.repeat(np.asarray([p.size for p in prompts], np.int64), n)
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, len(order), self.batch_size):
+      idx = order[start:start + self.batch_size]
+      self._turns_of_batch(cfg, params, prompts, n, idx,
+                           _row_keys(sampling_key, np.full(len(idx), call), idx), driver, settings)
+
+  def _turns_of_batch(self, cfg, params, prompts, n: int, idx: np.ndarray, keys, driver,
+                      settings) -> None:
+    """Every turn of the rows `idx` (one batch, padded to `batch_size` with inactive rows)."""
+    bs, real = self.batch_size, len(idx)
+    rows = np.concatenate([idx, np.full(bs - real, idx[0])])
+    keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (bs - real,))]) if bs > real else keys
+    lengths = np.asarray([prompts[r // n].size for r in rows], np.int32)
+    bucket = next(b for b in self.prompt_buckets if b >= lengths.max())
+    tokens = np.zeros((bs, bucket), np.int32)
+    for j, r in enumerate(rows):
+      tokens[j, :lengths[j]] = prompts[r // n]
+    cache = decode.init_cache(cfg, bs, driver.max_total)
+    logits, cache = _prefill(cfg, params, jnp.asarray(tokens), jnp.asarray(lengths), cache)
+    active = np.arange(bs) < real
+    max_new = settings["max_new"]
+    turn = 0
+    while True:
+      limits = np.asarray([driver.limit(int(r)) if a else 0 for r, a in zip(rows, active)],
+                          np.int32)
+      out_t, out_lp, num, stopped, cache = decode_turn(
+          cfg, params, cache, logits, jnp.asarray(active), keys, jnp.int32(turn),
+          settings["temperature"], settings["top_k"], settings["top_p"], settings["stop_ids"],
+          jnp.asarray(np.minimum(limits, max_new)), max_new=max_new,
+          use_top_k=settings["use_top_k"], use_top_p=settings["use_top_p"])
+      out_t, out_lp, num, stopped = jax.device_get((out_t, out_lp, num, stopped))
+      live = np.flatnonzero(active)
+      turns = [Completion(tokens=out_t[j, :num[j]].copy(), logprobs=out_lp[j, :num[j]].copy(),
+                          finish_reason="stop" if stopped[j] else "length") for j in live]
+      going = dict(driver.record(turn, [int(rows[j]) for j in live], turns,
+                                 [int(limits[j]) for j in live]))
+      active = np.asarray([a and int(r) in going for r, a in zip(rows, active)])
+      if not active.any():
+        return
+      turn += 1
+      # [the turn's last token (not in the cache yet), the observation] of each continuing row
+      appends = [np.concatenate([out_t[j, num[j] - 1:num[j]], going[int(rows[j])]])
+                 if active[j] else np.zeros(0, np.int32) for j in range(bs)]
+      size = output_bucket(max(len(a) for a in appends))
+      append = np.zeros((bs, size), np.int32)
+      for j, a in enumerate(appends):
+        append[j, :len(a)] = a
+      logits, cache = _extend(cfg, params, jnp.asarray(append),
+                              jnp.asarray([len(a) for a in appends], np.int32), cache)
 
 
 def _row_keys(sampling_key: jax.Array, calls: np.ndarray, rows: np.ndarray) -> jax.Array:

@@ -2,7 +2,8 @@
 
 Each thread loops: apply the newest weights if its worker is behind, take up to `requests_per_call`
 `PromptBatch`es that the prompt source has, `generate` them in one call (an engine then batches all
-their sequences: 4 prompts x 16 samples leave three quarters of a 256-sequence vLLM engine idle),
+their sequences: 4 prompts x 16 samples leave three quarters of a 256-sequence vLLM engine idle;
+multi-turn requests of one episode runner: all their trajectories, `base.generate_request`),
 run the optional `prepare` stage on each request's `Delivery` (in this thread, concurrently with
 the other threads: e.g. scoring the completions) and hand each `Delivery` (the groups, tagged with
 the policy version that produced them, and what `prepare` returned) to the sink, one at a time.
@@ -18,6 +19,15 @@ thread (so never concurrently with a generate on that worker) and returns to the
 before its next call. The caller waits on a `concurrent.futures.Future`; a job's own exception
 is set on its future (the pool goes on), a worker death during a job re-queues it for the
 replacement worker, and a pool that stops or fails fails its pending jobs.
+
+Partial rollouts (`partial_chunk_tokens` C > 0, config `rollout.partial="continue"`): a thread
+holds its requests in flight (`rollout.partial.InFlight`, up to `requests_per_call` requests'
+rows) and advances them by at most C tokens per `generate` call, each sequence's context its
+prompt plus what it generated so far. Between two such calls it runs jobs, loads the newest
+weights (so a refresh reaches a request within C tokens; each token keeps the version that
+sampled it) and refills the rows of the requests that finished, which are delivered as they
+finish, tagged with their oldest token's version. A dead worker's requests in flight are dropped
+whole (`on_drop`), as are those in flight when the pool stops.
 
 Worker failure: when a worker dies (`WorkerDied` from generate or load_weights) its in-flight
 requests are dropped (the sink never sees any of it; `on_drop` does), the worker is replaced by
@@ -37,8 +47,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from jaxreplay.rollout import partial as partial_lib
 from jaxreplay.rollout.base import (Delivery, Group, PoolStopped, PromptBatch, RolloutWorker,  # noqa: F401  (re-exported)
-                                    SamplingParams, StaleWeights, Weights, WorkerDied)
+                                    SamplingParams, StaleWeights, Weights, WorkerDied,
+                                    generate_request)
 
 
 @dataclasses.dataclass
@@ -77,6 +89,13 @@ class _WorkerRunner:
     self.superseded_loads = 0  # loads refused because newer versions had reused the target's slot
     self.generate_seconds = 0.0
     self.jobs = 0  # jobs run to the end (`WorkerPool.submit`)
+    # Partial rollouts (pool.partial_chunk_tokens > 0): the requests in flight, the sequences
+    # continued across a refresh, and the distinct versions summed over delivered completions.
+    self.in_flight = (partial_lib.InFlight(pool.partial_chunk_tokens, pool.requests_per_call)
+                      if pool.partial_chunk_tokens else None)
+    self.continued = 0
+    self.versions_sum = 0
+    self._chunk_version: Optional[int] = None  # the version the last chunk ran at
     self.thread = threading.Thread(target=self._run, name=f"rollout-worker-{index}", daemon=True)
 
   @property
@@ -96,6 +115,9 @@ class _WorkerRunner:
           continue
         if not self._refresh_if_behind():
           continue
+        if self.in_flight is not None:
+          self._serve_chunk()
+          continue
         batches = self._take()
         if not batches:
           pool._stop.wait(pool.idle_sleep_s)  # pylint: disable=protected-access
@@ -104,6 +126,8 @@ class _WorkerRunner:
     except BaseException as e:  # pylint: disable=broad-except
       pool._fail(self.index, e)  # pylint: disable=protected-access
     finally:
+      if self.in_flight is not None:
+        self._drop_in_flight(PoolStopped("the pool stopped before this request finished"))
       worker, self.worker = self.worker, None
       if worker is not None:
         _close_quietly(worker)
@@ -146,6 +170,8 @@ class _WorkerRunner:
       return False
     self.refresh_seconds += time.perf_counter() - start
     self.refreshes += 1
+    if self.in_flight is not None and self.worker.policy_version != self._chunk_version:
+      self.continued += self.in_flight.started_rows()  # they continue under the new weights
     return True
 
   def _load_newest(self, worker: RolloutWorker, target: Weights) -> None:
@@ -178,7 +204,7 @@ class _WorkerRunner:
     engine batches all their sequences, then delivers each request on its own."""
     pending = list(batches)
     while pending:
-      same = [b for b in pending if (b.n, b.sampling) == (pending[0].n, pending[0].sampling)]
+      same = [b for b in pending if _call_key(b) == _call_key(pending[0])]
       pending = [b for b in pending if all(b is not s for s in same)]
       reason = self._serve_together(same)
       if reason is not None:
@@ -193,9 +219,13 @@ class _WorkerRunner:
     version = self.worker.policy_version
     prompts = [p for b in batches for p in b.prompts]
     n, sampling = batches[0].n, batches[0].sampling
+    episodes = batches[0].episodes  # multi-turn requests: one call for all their episodes
+    if episodes is not None:  # (`_call_key`: a call's requests all have episodes, or none)
+      for b in batches[1:]:
+        episodes = episodes + b.episodes
     start = time.perf_counter()
     try:
-      groups = self.worker.generate(prompts, n, sampling)
+      groups = generate_request(self.worker, prompts, n, sampling, episodes)
     except WorkerDied as e:
       for b in batches:
         self._drop(b, e)
@@ -208,13 +238,13 @@ class _WorkerRunner:
       for b in batches:
         self._drop(b, stopped)
       return stopped
-    total_tokens = max(sum(len(c.tokens) for g in groups for c in g.completions), 1)
+    total_tokens = max(sum(c.policy_tokens for g in groups for c in g.completions), 1)
     offset = 0
     for b in batches:
       mine = [dataclasses.replace(g, prompt_index=i)
               for i, g in enumerate(groups[offset:offset + len(b.prompts)])]
       offset += len(b.prompts)
-      tokens = sum(len(c.tokens) for g in mine for c in g.completions)
+      tokens = sum(c.policy_tokens for g in mine for c in g.completions)
       share = seconds * tokens / total_tokens if len(batches) > 1 else seconds
       delivery = Delivery(groups=mine, batch=b, worker_index=self.index, policy_version=version,
                           generate_seconds=share, num_tokens=tokens)
@@ -228,6 +258,50 @@ class _WorkerRunner:
     self.calls += 1
     self.generate_seconds += seconds
     return None
+
+  def _serve_chunk(self) -> None:
+    """Partial rollouts: refills the requests in flight, advances them by one chunk (one
+    `generate` call per sampling setting) and delivers those that finished."""
+    pool, held = self.pool, self.in_flight
+    while held.has_room():
+      batch = pool._next_batch(self.index)  # pylint: disable=protected-access
+      if batch is None:
+        break
+      held.add(batch)
+    if not held.rows:
+      pool._stop.wait(pool.idle_sleep_s)  # pylint: disable=protected-access
+      return
+    version = self._chunk_version = self.worker.policy_version
+    for chunk in held.chunks():
+      start = time.perf_counter()
+      try:
+        groups = self.worker.generate(chunk.contexts, 1, chunk.sampling)
+      except WorkerDied as e:
+        self._replace(e)  # drops the requests in flight
+        return
+      seconds = time.perf_counter() - start
+      held.absorb(chunk, groups, version, seconds)
+      self.calls += 1
+      self.generate_seconds += seconds
+    if pool.stopping:
+      self._drop_in_flight(PoolStopped("the pool stopped before this request was delivered"))
+      return
+    for done in held.pop_finished():
+      delivery = Delivery(groups=done.groups, batch=done.batch, worker_index=self.index,
+                          policy_version=done.policy_version, generate_seconds=done.seconds,
+                          num_tokens=done.num_tokens)
+      if pool.prepare is not None:
+        delivery.prepared = pool.prepare(delivery)
+      pool._deliver(delivery)  # pylint: disable=protected-access
+      self.requests += 1
+      self.groups += len(done.groups)
+      self.completions += sum(len(g.completions) for g in done.groups)
+      self.tokens += done.num_tokens
+      self.versions_sum += partial_lib.distinct_versions(done.groups)
+
+  def _drop_in_flight(self, reason: BaseException) -> None:
+    for batch in self.in_flight.drain():
+      self._drop(batch, reason)
 
   def _run_job(self, job: _Job) -> None:
     """Runs `job` on this runner's worker at `job.weights` (between two requests)."""
@@ -254,6 +328,8 @@ class _WorkerRunner:
       self.pool.on_drop(batch, reason)
 
   def _replace(self, reason: BaseException) -> None:
+    if self.in_flight is not None:  # a dead worker's partial requests start again elsewhere
+      self._drop_in_flight(reason)
     worker, self.worker = self.worker, None
     if not self.pool.stopping:
       logging.getLogger(__name__).warning("rollout worker %d: %s; starting a replacement",
@@ -266,6 +342,13 @@ class _WorkerRunner:
     if self.restarts > self.pool.max_restarts:
       raise WorkerDied(f"rollout worker {self.index} died {self.restarts} times "
                        f"(max_restarts={self.pool.max_restarts})")
+
+
+def _call_key(batch: PromptBatch) -> tuple:
+  """Requests with equal keys are generated in one call: same n and settings, and (multi-turn)
+  the same episode runner."""
+  runner = None if batch.episodes is None else id(batch.episodes.runner)
+  return batch.n, batch.sampling, runner
 
 
 def _check_groups(groups: list[Group], num_prompts: int, n: int, version: int) -> None:
@@ -323,6 +406,9 @@ class WorkerPool:
     requests_per_call: a worker takes up to this many requests that the source has at once and
       generates them in one call (so that an engine batches all their sequences); each is still
       delivered on its own, tagged with the one version that generated the whole call.
+    partial_chunk_tokens: C > 0: partial rollouts (module docstring): requests advance C tokens
+      per call and continue across refreshes, up to `requests_per_call` requests' rows held in
+      flight per worker; 0 (default): each call generates whole requests.
   """
 
   def __init__(self, make_worker: Callable[[int], RolloutWorker], num_workers: int,
@@ -330,13 +416,17 @@ class WorkerPool:
                initial_weights: Optional[Weights] = None, max_restarts: int = 5,
                restart_backoff_s: float = 1.0, idle_sleep_s: float = 0.05,
                on_drop: Optional[DropHandler] = None, prepare: Optional[Prepare] = None,
-               requests_per_call: int = 1):
+               requests_per_call: int = 1, partial_chunk_tokens: int = 0):
     if num_workers < 1:
       raise ValueError(f"num_workers={num_workers} must be >= 1")
     if requests_per_call < 1:
       raise ValueError(f"requests_per_call={requests_per_call} must be >= 1 (set "
                        "rollout.prompts_in_flight to 0 or a multiple of prompts_per_request)")
     self.requests_per_call = int(requests_per_call)
+    if partial_chunk_tokens < 0:
+      raise ValueError(f"partial_chunk_tokens={partial_chunk_tokens} must be >= 0 (0: whole "
+                       "requests per call)")
+    self.partial_chunk_tokens = int(partial_chunk_tokens)
     self.make_worker = make_worker
     self.num_workers = int(num_workers)
     self.source = source
@@ -477,6 +567,11 @@ class WorkerPool:
     totals["jobs"] = sum(r.jobs for r in self._runners)
     with self._state_lock:
       totals["queued_jobs"] = len(self._jobs)
+    if self.partial_chunk_tokens:  # partial rollouts: sequences continued across refreshes
+      totals["continued"] = sum(r.continued for r in self._runners)
+      totals["versions_per_rollout_mean"] = (sum(r.versions_sum for r in self._runners)
+                                             / max(totals["completions"], 1))
+      totals["in_flight_requests"] = sum(r.in_flight.requests for r in self._runners)
     target = self._target
     return dict(totals, num_workers=self.num_workers, wall_seconds=wall,
                 tokens_per_second=totals["tokens"] / wall if wall > 0 else 0.0,

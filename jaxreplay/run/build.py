@@ -42,9 +42,11 @@ from jaxreplay.learner import adapters
 from jaxreplay.learner import trainer
 from jaxreplay.models import lora as lora_lib
 from jaxreplay.data.experience import Intake, PromptSource, make_advantage_fn
+from jaxreplay.rollout import multiturn
 from jaxreplay.rollout.base import SamplingParams
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.tasks import arithmetic as arithmetic_lib
+from jaxreplay.tasks import environments
 from jaxreplay.tasks import prompt_check
 from jaxreplay.rollout import backend_table
 from jaxreplay.rollout.backends import RolloutBackend
@@ -53,9 +55,13 @@ from jaxreplay.rollout.backends import RolloutBackend
 def make_task(t):
   """The task of a config's task section `t` (config.task: `tasks.make_task` with its keys)."""
   if t.name == "arithmetic":
-    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
-  elif t.name in ("scratchpad", "multiplication"):
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0,
+                  digit_decay=t.get("digit_decay", 1.0))
+  elif t.name == "multiplication":
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
+  elif t.name in ("scratchpad", "calculator"):
+    kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0,
+                  digit_decay=t.get("digit_decay", 1.0))
   else:
     kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
                   answer_key=t.answer_key, template=t.template,
@@ -63,6 +69,23 @@ def make_task(t):
                   num_reward_workers=t.num_reward_workers)
   return tasks.make_task(t.name, reward_timeout_s=t.reward_timeout_s, **kwargs)
 
+
+
+def episode_runner(c, task, codec) -> Optional[multiturn.EpisodeRunner]:
+  """The multi-turn runner of a task with an environment (task.env_fn's plug-in, else the task's
+  own `make_env`), None for a single-turn task. The factory is checked now: one environment is
+  built (`environments.spec_from_factory`)."""
+  t = c.task
+  if t.env_fn:
+    factory, name = environments.import_env_factory(t.env_fn), "task.env_fn"
+  elif hasattr(task, "make_env"):
+    factory, name = task.make_env, f"task {t.name!r}"
+  else:
+    return None
+  spec = environments.spec_from_factory(factory, t.env_max_turns,
+                                        t.env_max_tokens or c.model.max_len,
+                                        t.env_step_timeout_s, name=name)
+  return multiturn.EpisodeRunner(spec, codec, c.model.max_len)
 
 
 def optimization(c):
@@ -242,13 +265,15 @@ def make_learner(c, model_cfg: ModelConfig, mesh) -> tuple[LearnerParts, Any, An
                        logprob_fn=logprob_fn, lora=base), loss_fn, state_sh)
 
 
-def make_intake(c, task, codec, loss_fn):
+def make_intake(c, task, codec, loss_fn, episodes: Optional[multiturn.EpisodeRunner] = None):
   """The data plane: the replay buffer (config.buffer), the reuse controller that paces it and
-  the request intake that fills it. Returns (buffer, intake, reuse controller)."""
+  the request intake that fills it (with `episodes`: multi-turn requests). Returns (buffer,
+  intake, reuse controller)."""
   t = c.trainer
   buf = buffer_lib.ReplayBuffer(c.buffer.size, seed=c.seed,
                                 positive_fraction=c.buffer.positive_fraction,
                                 consume=c.buffer.on_policy, consume_order=c.buffer.on_policy_order,
+                                max_staleness=c.buffer.get("max_staleness", 0),
                                 **buffer_lib.sampler_options(c.buffer))
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
@@ -263,7 +288,7 @@ def make_intake(c, task, codec, loss_fn):
   intake = Intake(task, codec, PromptSource(task, c.seed), buf,
                   make_advantage_fn(t.loss, options=loss_fn.options), sampling,
                   c.rollout.prompts_per_request, c.rollout.group_size, on_policy=c.buffer.on_policy,
-                  gate=gate)
+                  gate=gate, episodes=episodes)
   return buf, intake, reuse_controller
 
 
@@ -314,7 +339,10 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       adapters.check_resume(resumed_host.get("lora"), base, workdir)
   step = int(jax.device_get(state.step))
 
-  buf, intake, reuse_controller = make_intake(c, task, codec, loss_fn)
+  episodes = episode_runner(c, task, codec)
+  if episodes is not None:
+    stack.callback(episodes.close)
+  buf, intake, reuse_controller = make_intake(c, task, codec, loss_fn, episodes)
   accountant = accounting.ComputeAccountant(c.rollout.num_workers, t.num_devices,
                                             model_cfg=model_cfg, seq_len=c.model.max_len)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=step if resumed_host else None,

@@ -20,11 +20,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxreplay.data.experience import score_groups
-from jaxreplay.rollout.base import Group, SamplingParams
+from jaxreplay.rollout import multiturn
+from jaxreplay.rollout.base import Group, SamplingParams, generate_request
 
-GenerateFn = Callable[[Sequence[np.ndarray], int, SamplingParams], list[Group]]
-# One generate call's arguments: (prompts int32 [Lp] each, n samples per prompt, settings).
-Request = tuple[list[np.ndarray], int, SamplingParams]
+GenerateFn = Callable[..., list[Group]]
+# One generate call's arguments: (prompts int32 [Lp] each, n samples per prompt, settings), and
+# for a multi-turn task a fourth, its `multiturn.Episodes` (`base.generate_request`'s arguments).
+Request = tuple
 # Runs requests (in any order, possibly concurrently) and returns their groups in request order.
 GenerateManyFn = Callable[[list[Request]], list[list[Group]]]
 
@@ -40,11 +42,11 @@ def engine_jobs(requests: Sequence[Request], first_call: int) -> list[Callable[[
   def make(j: int, request: Request) -> Callable[[Any], list[Group]]:
     def job(worker) -> list[Group]:
       if worker.call_count is None:
-        return worker.generate(*request)
+        return generate_request(worker, *request)
       saved = worker.call_count
       worker.call_count = first_call + j
       try:
-        return worker.generate(*request)
+        return generate_request(worker, *request)
       finally:
         worker.call_count = saved
     return job
@@ -86,15 +88,20 @@ def pass_at_k_array(correct: np.ndarray, ks: Sequence[int]) -> dict[int, float]:
 
 
 def _requests(prompts: list[np.ndarray], n: int, sampling: SamplingParams,
-              batch_size: Optional[int]) -> list[Request]:
+              batch_size: Optional[int], problems: Sequence = (),
+              episodes: Optional[multiturn.EpisodeRunner] = None) -> list[Request]:
   step = batch_size or len(prompts)
-  return [(prompts[start:start + step], n, sampling) for start in range(0, len(prompts), step)]
+  if episodes is None:
+    return [(prompts[start:start + step], n, sampling) for start in range(0, len(prompts), step)]
+  return [(prompts[start:start + step], n, sampling,
+           multiturn.Episodes(episodes, tuple(problems[start:start + step])))
+          for start in range(0, len(prompts), step)]
 
 
 def _collect(requests: Sequence[Request], outputs: Sequence[list[Group]]) -> list[Group]:
   """The groups of `requests` (one per prompt, in prompt order), checked against the requests."""
   groups: list[Group] = []
-  for (chunk, n, _), out in zip(requests, outputs):
+  for (chunk, n, *_), out in zip(requests, outputs):
     out = sorted(out, key=lambda g: g.prompt_index)
     if len(out) != len(chunk) or any(len(g.completions) != n for g in out):
       raise ValueError(f"generate_fn returned {len(out)} groups of sizes "
@@ -108,7 +115,8 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
              n_pass1: int = 1, temperature_passk: float = 1.0, max_tokens: int = 64,
              top_p: float = 1.0, seed: int = 0, batch_size: Optional[int] = None,
              success_threshold: float = 1.0, prefix: str = "eval/",
-             generate_many: Optional[GenerateManyFn] = None) -> dict[str, float]:
+             generate_many: Optional[GenerateManyFn] = None,
+             episodes: Optional[multiturn.EpisodeRunner] = None) -> dict[str, float]:
   """Evaluates a policy on held-out `problems`.
 
   Args:
@@ -126,6 +134,9 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     generate_many: runs the list of all requests (pass@1 ones, then pass@k ones) at once, e.g. on
       several rollout engines in parallel, and returns their groups in request order; replaces
       `generate_fn`.
+    episodes: a multi-turn task's runner: each request carries its `Episodes` (a fourth element,
+      `base.generate_request`'s), its completions are trajectories scored by their environment,
+      and the pass@1 trajectories' statistics are added under prefix + "env/" (`multiturn.means`).
 
   Returns {prefix + key: float}: "pass@1" (low temperature), "pass@{k}" for k > 1 and
   "pass@1_t{T}" for k = 1 (from the temperature-T samples), "entropy" (mean negative log-prob of
@@ -146,11 +157,11 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
   base = dict(max_tokens=max_tokens, top_p=top_p, stop_token_ids=tuple(codec.stop_ids))
 
   low = SamplingParams(temperature=temperature_pass1, seed=seed, **base)
-  low_requests = _requests(prompts, n_pass1, low, batch_size)
+  low_requests = _requests(prompts, n_pass1, low, batch_size, problems, episodes)
   high_requests = []
   if n_samples:
     high = SamplingParams(temperature=temperature_passk, seed=seed + 1, **base)
-    high_requests = _requests(prompts, n_samples, high, batch_size)
+    high_requests = _requests(prompts, n_samples, high, batch_size, problems, episodes)
   requests = low_requests + high_requests
   if generate_many is not None:
     outputs = list(generate_many(requests))
@@ -160,9 +171,11 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     outputs = [generate_fn(*r) for r in requests]
   else:
     raise ValueError("evaluate needs generate_fn or generate_many")
-  rewards1 = score_groups(_collect(low_requests, outputs[:len(low_requests)]), problems, task,
-                          codec)
+  groups1 = _collect(low_requests, outputs[:len(low_requests)])
+  rewards1 = score_groups(groups1, problems, task, codec)
   out = {"pass@1": float((rewards1 >= success_threshold).mean())}
+  if episodes is not None:
+    out.update(multiturn.means(multiturn.episode_infos(groups1), prefix="env/"))
 
   if n_samples:
     groups = _collect(high_requests, outputs[len(low_requests):])
@@ -170,7 +183,8 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     logprobs = [c.logprobs for g in groups for c in g.completions]
     for k, v in pass_at_k_array(rewards >= success_threshold, ks).items():
       out[f"pass@{k}" if k > 1 else f"pass@1_t{temperature_passk:g}"] = v
-    num_tokens = sum(len(lp) for lp in logprobs)
+    # the policy's tokens (a trajectory's observations carry log-prob 0 and are not counted)
+    num_tokens = sum(c.policy_tokens for g in groups for c in g.completions)
     total_nll = -sum(float(np.sum(lp, dtype=np.float64)) for lp in logprobs)
     out["entropy"] = total_nll / max(num_tokens, 1)
     out["mean_completion_tokens"] = num_tokens / len(logprobs)

@@ -11,10 +11,11 @@ samplers draw their eval noise, so a resumed simulated run evaluates as the unin
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 from jaxreplay.infra import sharding
-from jaxreplay.rollout.base import Weights
+from jaxreplay.rollout.base import Weights, generate_request
 from jaxreplay.run import eval_grid as eval_grid_lib
 from jaxreplay.run import evaluation
 
@@ -85,11 +86,11 @@ class Evaluator:
     settings = dict(n_samples=n_samples, ks=tuple(c.eval.ks),
                     temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
                     temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
-                    top_p=c.eval.top_p, seed=c.seed + 7919)
+                    top_p=c.eval.top_p, seed=c.seed + 7919, episodes=data.intake.episodes)
     if self.sampler is not None:  # eval.backend="trainer"
       self.sampler.load_weights(Weights(step, params=sharding.local_params(policy_params)))
-      self.last = evaluation.evaluate(self.sampler.generate, data.task, problems, data.codec,
-                                      **settings)
+      self.last = evaluation.evaluate(functools.partial(generate_request, self.sampler),
+                                      data.task, problems, data.codec, **settings)
       return self.last
     weights = eval_weights()
     first_call = self._engine_calls

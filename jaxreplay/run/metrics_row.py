@@ -72,6 +72,21 @@ Keys of a row, by source (units in brackets):
                                  shared-memory slot of the one asked for had been reused),
                                  generate_seconds; tokens_per_second and
                                  live_threads of this process)
+  time/trainer_wait_s            async: seconds the trainer loop waited for the buffer to serve a
+                                 batch (its idle time), cumulative over resumes
+  rollout/partial_continued      rollout.partial="continue" only: sequences in flight continued
+                                 under newer weights at a refresh (cumulative over resumes)
+  rollout/versions_per_rollout_mean  rollout.partial="continue" only: distinct policy versions
+                                 among the tokens of a delivered rollout (this process's pool)
+  buffer/token_staleness_mean,   with per-token versions in the batch (rollout.partial="continue"):
+  buffer/token_staleness_max,    the batch's staleness per completion token, and its rollouts'
+  buffer/versions_per_rollout_mean  distinct versions (buffer/staleness_* is then per rollout, by
+                                 its oldest token)
+  buffer/stale_dropped,          buffer.max_staleness > 0 only: rollouts that left the buffer
+  buffer/stale_dropped_unused    because even their newest token was too stale (of them, never
+                                 used)
+  batch/stale_masked_fraction    buffer.max_staleness > 0 only: share of this batch's completion
+                                 tokens masked out as more than max_staleness versions old
   controller/*                   the reuse controller (`jaxreplay.data.reuse`, buffer.reuse_control):
                                  controller/reuse_target (uses per rollout it paces to) every step;
                                  at its decisions controller/signal (batch / noise scale),
@@ -102,7 +117,18 @@ Keys of a row, by source (units in brackets):
                                  rewards are all equal: no GRPO signal)
   nonfinite_skipped              1 when the train step skipped its update (non-finite loss,
                                  gradient or parameters), else 0
-  eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due
+  env/*                          multi-turn tasks only (`rollout.multiturn`): cumulative over
+                                 resumes env/episodes, env/errors (an environment raised or
+                                 returned a malformed value), env/timeouts (over
+                                 task.env_step_timeout_s), env/budget_cuts (trajectories cut by
+                                 the token budget), env/tool_calls; over the trajectories
+                                 delivered since the last row (NaN without): env/turns_mean,
+                                 env/tool_calls_mean, env/tool_correct (correct tool calls /
+                                 calls), env/{stop,max_turns,length,budget,env_error,
+                                 env_timeout}_fraction (how trajectories ended)
+  eval/*                         held-out evaluation (`jaxreplay.run.evaluation.evaluate`), when due;
+                                 multi-turn tasks add eval/env/turns_mean, eval/env/tool_calls_mean,
+                                 eval/env/tool_correct, ... of the pass@1 trajectories
 """
 from __future__ import annotations
 
@@ -247,10 +273,11 @@ class RunMetrics:
   CUMULATIVE_POOL = ("pool/requests", "pool/calls", "pool/completions", "pool/tokens",
                      "pool/restarts", "pool/failed_starts", "pool/dropped", "pool/refreshes",
                      "pool/refresh_seconds", "pool/deferred_refreshes", "pool/superseded_loads",
-                     "pool/generate_seconds")
+                     "pool/generate_seconds", "time/trainer_wait_s", "rollout/partial_continued")
 
   def _cumulative(self) -> dict[str, float]:
     now = {k: float(v) for k, v in self.task.reward_metrics().items()}
+    now.update(self.intake.env_counts())
     pool = self.pool_metrics()
     now.update({k: float(pool[k]) for k in self.CUMULATIVE_POOL if k in pool})
     for k, v in self._offsets.items():
@@ -326,6 +353,7 @@ class RunMetrics:
     row["time/wall_s"] = self.wall_seconds()
     row.update(self.mismatch.latest)
     row.update(self.pool_metrics())
+    row.update(self.intake.env_metrics())
     row.update(self._cumulative())
     row.update(self._data)
     return row

@@ -1,7 +1,10 @@
 """The trainer side of a run: batches from the buffer, gradient steps, published weights.
 
 `Training` samples B rollouts from the replay buffer, collates them, takes one jitted step on the
-train state and hands new weights to the rollout backend. The train state has one owner,
+train state and hands new weights to the rollout backend. Per-token versions (rollouts continued
+across refreshes, rollout.partial="continue") are collated into `Batch.token_versions`, and
+buffer.max_staleness k > 0 is enforced per token: rollouts whose newest token is more than k
+versions old leave the buffer before a batch is drawn, older tokens of the others are masked out. The train state has one owner,
 `parts.learner.state` (`build.LearnerParts`): `Training.train_on` is the only code that replaces
 it (the step donates the old buffers), and every reader (evaluation, checkpoints, exports, the
 mismatch probe) reads it there.
@@ -62,6 +65,8 @@ class Training:
     self.step = int(jax.device_get(self.learner.state.step))
     self.weights: Optional[Weights] = None  # the newest published
     self._sample_seconds = 0.0  # the last `sample_rollouts` call's
+    self.token_versions = self.config.rollout.get("partial", "off") != "off"
+    self.max_staleness = int(self.config.buffer.get("max_staleness", 0))
 
   def policy_params(self):
     """The policy's params (LoRA: the base with the adapters attached)."""
@@ -87,6 +92,7 @@ class Training:
       return True  # the held fresh batch has updates left (ppo_epochs, the gradient gate)
     if data.reuse is not None and not data.reuse.may_train(data.buffer.total_added):
       return False  # the reuse controller waits for fresh rollouts
+    data.buffer.drop_stale(self.step)  # buffer.max_staleness: nothing left to train on (or none)
     return len(data.buffer) >= self.config.buffer.batch_size
 
   # ---- the step ----------------------------------------------------------------------------------
@@ -120,10 +126,15 @@ class Training:
                                 batch_size=rows, pack=c.trainer.pack,
                                 row_multiple=sharding.batch_size_multiple(learner.mesh) *
                                 c.trainer.num_microbatches,
-                                same_bucket=c.trainer.aggregation == "constant")
+                                same_bucket=c.trainer.aggregation == "constant",
+                                token_versions=self.token_versions,
+                                min_token_version=(self.step - self.max_staleness
+                                                   if self.max_staleness else None))
     t2 = time.perf_counter()
     if not self.mismatch_at_generation and tel.metrics.mismatch.due(self.step):
-      fresh = batch.policy_version == self.step  # [B], or [B, T] when packed
+      # [B], or [B, T] when packed; per token when tokens carry their own versions
+      fresh = (batch.policy_version if batch.token_versions is None
+               else batch.token_versions) == self.step
       if fresh.any():
         tel.metrics.mismatch.check_batch(learner.state.params, batch, fresh)
     if jax.process_count() > 1:  # every process must take the step on the same batch
@@ -160,6 +171,10 @@ class Training:
                                 int(np.sum(batch.segment_ids > 0)),
                                 seq_len=int(batch.tokens.shape[1]))
     step_metrics["batch/reward_mean"] = float(np.mean([r.reward for r in rollouts]))
+    if self.max_staleness:
+      completion_tokens = sum(r.completion_tokens.shape[0] for r in rollouts)
+      step_metrics["batch/stale_masked_fraction"] = float(
+          1.0 - np.sum(batch.completion_mask > 0) / max(completion_tokens, 1))
     step_metrics["time/virtual"] = float(now)
     share = len(rollouts) / c.buffer.batch_size if plan.active else 1.0
     return StepResult(self.step, step_metrics, tuple(rollouts), train_share=share)

@@ -432,6 +432,25 @@ def _offpolicy_screen() -> Sweep:
                baseline="replay", min_seeds=2, budget_updates=100.0, grid_points=4)
 
 
+MULTITURN_CONFIG = "configs/multiturn.py"
+# The multi-turn sweep's evaluation: 8 samples per held-out problem (a trajectory costs several
+# sampler calls), pass@k up to 8, as configs/multiturn.py evaluates.
+MULTITURN_PROTOCOL: tuple[tuple[str, Value], ...] = (("eval.n_samples", 8),
+                                                     ("eval.ks", (1, 2, 4, 8)))
+
+
+def _multiturn() -> Sweep:
+  """Issue 38: replay vs on-policy on the multi-turn calculator task (`configs/multiturn.py`: a
+  trajectory is one buffer row, the calculator's tokens masked out of every loss) at equal
+  compute, 3 seeds; 200 on-policy updates of the base, the grid of the other sweeps."""
+  return Sweep("multiturn", "Issue 38: on-policy (LIFO queue) vs the default replay arm on the "
+               "multi-turn calculator task, accuracy (and env/tool_correct) vs compute; a "
+               "trajectory costs several turns, so replay should save more than single-turn.",
+               (Arm("onpolicy", ON_POLICY, family="onpolicy"), Arm("replay", family="replay")),
+               baseline="onpolicy", min_seeds=3, config=MULTITURN_CONFIG, budget_updates=200.0,
+               grid_points=6, protocol=MULTITURN_PROTOCOL)
+
+
 def _sweeps() -> dict[str, Sweep]:
   replay = Arm("replay", family="replay")
   onpolicy = Arm("onpolicy", ON_POLICY, family="onpolicy")
@@ -457,6 +476,7 @@ def _sweeps() -> dict[str, Sweep]:
       pareto_task("multiplication", MULTIPLICATION_CONFIG, MULTIPLICATION_FAMILIES),
       _stability(),
       _offpolicy_screen(),
+      _multiturn(),
   ]
   return {s.name: s for s in sweeps}
 

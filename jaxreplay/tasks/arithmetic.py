@@ -86,6 +86,9 @@ class ArithmeticTask(rewards_lib.SafeScoring):
     heldout_fraction: share of all problems reserved for evaluation (never sampled for training).
     allow_negative: when False, subtraction orders its operands so that answers are >= 0.
     reward_timeout_s: time limit of one reward call in `score_batch`.
+    digit_decay: each operand's digit count d is drawn with P(d) proportional to
+      digit_decay^(d - lo): 1.0 (default) is uniform over the range, < 1 a geometric tail of
+      long operands (long-tailed completion lengths for `ScratchpadAdditionTask`).
 
   Interface shared with `MathTask`: `sample(rng, n)`, `eval_set(n)`, `reward(completion, problem)`,
   `score_batch(completions, problems)`, `reward_metrics()`, `charset`, `close()`.
@@ -96,8 +99,13 @@ class ArithmeticTask(rewards_lib.SafeScoring):
 
   def __init__(self, num_digits: tuple[int, int] = (1, 2), ops: str = "+-", seed: int = 0,
                heldout_fraction: float = 0.1, allow_negative: bool = False,
-               reward_timeout_s: float = 1.0):
+               reward_timeout_s: float = 1.0, digit_decay: float = 1.0):
     lo, hi = digit_range(num_digits)
+    if not digit_decay > 0:
+      raise ValueError(f"digit_decay={digit_decay} must be > 0 (1 = uniform digit counts)")
+    self.digit_decay = float(digit_decay)
+    weights = self.digit_decay ** np.arange(hi - lo + 1, dtype=np.float64)
+    self._digit_cdf = np.cumsum(weights / weights.sum())
     if not ops or any(o not in _OPS for o in ops):
       raise ValueError(f"ops={ops!r} must be a non-empty subset of {_OPS!r}")
     if not 0.0 < heldout_fraction < 1.0:
@@ -130,7 +138,11 @@ class ArithmeticTask(rewards_lib.SafeScoring):
     return [self._make(int(nines), op, int(nines)).prompt for op in self.ops]
 
   def _operand(self, rng: np.random.Generator) -> int:
-    d = int(rng.integers(self.num_digits[0], self.num_digits[1] + 1))
+    if self.digit_decay == 1.0:
+      d = int(rng.integers(self.num_digits[0], self.num_digits[1] + 1))
+    else:  # one uniform draw through the digit counts' CDF
+      d = self.num_digits[0] + int(np.searchsorted(self._digit_cdf, rng.random(), side="right"))
+      d = min(d, self.num_digits[1])
     low = 0 if d == 1 else 10 ** (d - 1)
     return int(rng.integers(low, 10 ** d))
 

@@ -73,28 +73,35 @@ def math_verify_reward(completion: str, answer: str) -> float:
 # ---- reward plug-ins: task.reward_fn = "module:function" ---------------------------------------
 
 
-def import_reward_fn(spec: str) -> Callable[..., float]:
-  """The function named by `spec` = "module:function" (dots allowed in both parts, e.g.
-  "my_pkg.rewards:Scorer.score"). Raises ValueError naming the problem and the fix when the module
-  cannot be imported, the attribute is missing, it is not callable, or it cannot be called as
-  fn(completion, answer)."""
+def import_object(spec: str, key: str = "reward_fn") -> Any:
+  """The callable named by `spec` = "module:attr" (dots allowed in both parts, e.g.
+  "my_pkg.rewards:Scorer.score"); `key` names the config key in messages. Raises ValueError naming
+  the problem and the fix when the module cannot be imported, the attribute is missing or it is
+  not callable."""
   if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-    raise ValueError(f"reward_fn={spec!r}: expected 'module:function' (e.g. 'my_rewards:score')")
+    raise ValueError(f"{key}={spec!r}: expected 'module:function' (e.g. 'my_rewards:score')")
   module_name, attr = spec.split(":")
   try:
     obj = importlib.import_module(module_name)
   except Exception as e:  # pylint: disable=broad-except  (an ImportError, or the module's own)
-    raise ValueError(f"reward_fn={spec!r}: cannot import module {module_name!r} "
+    raise ValueError(f"{key}={spec!r}: cannot import module {module_name!r} "
                      f"({type(e).__name__}: {e}); put it on PYTHONPATH (or in the directory you launch from) and check "
                      "that it imports on its own") from e
   for part in attr.split("."):
     if not hasattr(obj, part):
       public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
-      raise ValueError(f"reward_fn={spec!r}: module {module_name!r} has no attribute {attr!r}; "
+      raise ValueError(f"{key}={spec!r}: module {module_name!r} has no attribute {attr!r}; "
                        f"public names there: {public}")
     obj = getattr(obj, part)
   if not callable(obj):
-    raise ValueError(f"reward_fn={spec!r} is a {type(obj).__name__}, not a function")
+    raise ValueError(f"{key}={spec!r} is a {type(obj).__name__}, not a function")
+  return obj
+
+
+def import_reward_fn(spec: str) -> Callable[..., float]:
+  """The function named by `spec` = "module:function" (`import_object`). Raises ValueError naming
+  the problem and the fix when it cannot be imported or called as fn(completion, answer)."""
+  obj = import_object(spec, "reward_fn")
   try:
     inspect.signature(obj).bind("completion", "answer")
   except TypeError as e:
@@ -241,10 +248,12 @@ class _ProcessSlot:
 
 
 class _ThreadSlot:
-  """A daemon thread running `fn`; on timeout it is abandoned (it cannot be killed) and replaced."""
+  """A daemon thread running `fn`; on timeout it is abandoned (it cannot be killed) and replaced.
+  `convert` turns a result into the value answered (float: a reward; None: as it is)."""
 
-  def __init__(self, fn):
+  def __init__(self, fn, convert: Optional[Callable[[Any], Any]] = float):
     self._fn = fn
+    self._convert = convert
     self.starts = 0
     self._spawn()
 
@@ -260,7 +269,8 @@ class _ThreadSlot:
       if args is None:
         return
       try:
-        outq.put(("ok", float(self._fn(*args))))
+        value = self._fn(*args)
+        outq.put(("ok", value if self._convert is None else self._convert(value)))
       except Exception as e:  # pylint: disable=broad-except
         outq.put(("error", repr(e)[:500]))
 

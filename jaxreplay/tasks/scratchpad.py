@@ -120,7 +120,8 @@ class ScratchpadAdditionTask(arithmetic.ArithmeticTask):
   column-by-column solution (module docstring); `Problem.answer` is that solution text.
 
   Args:
-    num_digits: (min, max) digits per operand, each operand's count drawn uniformly.
+    num_digits: (min, max) digits per operand, each operand's count drawn uniformly (or with a
+      geometric tail: `digit_decay` < 1, see `ArithmeticTask`).
     seed: fixes the held-out split, the eval set and the noisy teacher's misconceptions.
     heldout_fraction: share of all problems reserved for evaluation.
     reward_timeout_s: time limit of one reward call in `score_batch`.
@@ -129,9 +130,10 @@ class ScratchpadAdditionTask(arithmetic.ArithmeticTask):
   reward_fn = staticmethod(scratchpad_reward)
 
   def __init__(self, num_digits: tuple[int, int] = (3, 5), seed: int = 0,
-               heldout_fraction: float = 0.1, reward_timeout_s: float = 1.0):
+               heldout_fraction: float = 0.1, reward_timeout_s: float = 1.0,
+               digit_decay: float = 1.0):
     super().__init__(num_digits=num_digits, ops="+", seed=seed, heldout_fraction=heldout_fraction,
-                     reward_timeout_s=reward_timeout_s)
+                     reward_timeout_s=reward_timeout_s, digit_decay=digit_decay)
 
   @property
   def charset(self) -> str:

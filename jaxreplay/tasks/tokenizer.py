@@ -156,6 +156,41 @@ class TextCodec:
         [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True,
         **self.chat_template_kwargs)
 
+  # Stands in for a policy turn when the chat template renders the turn around an observation.
+  _TURN_SENTINEL = "JAXREPLAY-POLICY-TURN-7f3a"
+
+  def encode_observation(self, text: str, role: str = "tool") -> np.ndarray:
+    """int32 [L] ids of an environment's observation between two policy turns (multi-turn
+    trajectories): the text itself without a chat template (no bos); with one
+    (`render_observation`), everything the template writes between the end-of-turn token the
+    policy generated and the policy's next turn, around `text` as a message of `role`."""
+    if not self.use_chat_template:
+      return self.encode(text, add_bos=False)
+    return self.encode(self.render_observation(text, role), add_bos=False)
+
+  def render_observation(self, text: str, role: str = "tool") -> str:
+    """The chat template's text between a policy turn's end-of-turn token and the next turn:
+    rendered after an assistant message, with `text` as a `role` message and the generation
+    prompt; the end-of-turn token itself is left out (the policy generated it)."""
+    turn = self._TURN_SENTINEL
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": turn},
+                {"role": role, "content": text}]
+    full = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                              add_generation_prompt=True,
+                                              **self.chat_template_kwargs)
+    if full.count(turn) != 1:
+      raise ValueError(f"the chat template does not render an assistant turn followed by a "
+                       f"{role!r} message as expected; set the environment's observation_role "
+                       "to a role the template knows")
+    tail = full[full.index(turn) + len(turn):]
+    for stop in self.stop_ids:
+      stop_text = self.tokenizer.convert_ids_to_tokens(int(stop))
+      if stop_text and tail.startswith(stop_text):
+        return tail[len(stop_text):]
+    raise ValueError("the chat template does not end an assistant turn with a stop token "
+                     f"({list(self.stop_ids)}): a policy turn could not end where the template "
+                     "expects")
+
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` up to (excluding) the first stop id, special tokens skipped."""
     ids = [int(i) for i in np.asarray(ids).reshape(-1)]

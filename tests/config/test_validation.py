@@ -36,8 +36,10 @@ SECTIONS = {
     "model_errors": lambda c: validation.model_errors(c.model, c.rollout),
     "lora_errors": lambda c: validation.lora_errors(c.model, c.rollout),
     "task_errors": lambda c: validation.task_errors(c.task),
+    "env_errors": lambda c: validation.env_errors(c.task),
     "rollout_errors": lambda c: validation.rollout_errors(c.rollout, c.model.max_len),
     "ray_errors": lambda c: validation.ray_errors(c.rollout),
+    "partial_errors": lambda c: validation.partial_errors(c),
     "buffer_errors": lambda c: validation.buffer_errors(c.buffer, c.rollout, c.log),
     "trainer_errors": lambda c: validation.trainer_errors(c.trainer, c),
     "batch_reuse_errors": lambda c: validation.batch_reuse_errors(c),
@@ -110,6 +112,9 @@ def test_task_errors():
       (dict(task__name="math"), ["task.name='math' needs task.path"]),
       (dict(task__reward_fn="a:b"), ["task.reward_fn='a:b'", "task.name='math'"]),
       (dict(task__num_reward_workers=0), ["task.num_reward_workers=0", ">= 1"]),
+      (dict(task__digit_decay=0.0), ["task.digit_decay=0.0", "> 0"]),
+      (dict(task__digit_decay=0.5, task__name="math", task__path="/x"),
+       ["task.digit_decay=0.5", "procedural"]),
   ])
 
 
@@ -128,6 +133,47 @@ def test_rollout_errors():
       (dict(rollout__vllm_startup_timeout_s=-1.0), ["rollout.vllm_startup_timeout_s=-1.0", ">= 0"]),
   ])
   assert backend_table.names() == ("jax", "vllm", "auto")
+
+
+def test_env_errors():
+  check("env_errors", [
+      (dict(task__env_fn="my_envs"), ["task.env_fn='my_envs'", "'module:factory'"]),
+      (dict(task__env_fn="my_envs:"), ["task.env_fn='my_envs:'", "'module:factory'"]),
+      (dict(task__env_fn="my_envs:make", task__name="calculator"),
+       ["task.name='calculator' has its own environment", "unset task.env_fn"]),
+      (dict(task__env_max_turns=0), ["task.env_max_turns=0", ">= 1"]),
+      (dict(task__env_max_tokens=-1), ["task.env_max_tokens=-1", ">= 0"]),
+      (dict(task__env_step_timeout_s=0.0), ["task.env_step_timeout_s=0.0", "> 0"]),
+  ])
+  assert validation.multiturn(config(task__name="calculator"))
+  assert validation.multiturn(config(task__env_fn="tests.helpers.env_plugins:countdown"))
+  assert not validation.multiturn(config(task__name="scratchpad"))
+
+
+def test_partial_errors(monkeypatch):
+  on_async = dict(scheduler__kind="async", rollout__partial="continue")
+  check("partial_errors", [
+      (dict(rollout__partial="resume"), ["rollout.partial='resume'",
+                                         str(validation.PARTIAL_MODES)]),
+      (dict(rollout__partial_chunk_tokens=0), ["rollout.partial_chunk_tokens=0", ">= 1"]),
+      (dict(rollout__partial="continue"), ["scheduler.kind='simulated'",
+                                           "--config.scheduler.kind=async",
+                                           "--config.rollout.partial=off"]),
+      (dict(rollout__partial="continue", scheduler__kind="sync"), ["scheduler.kind='sync'"]),
+      (dict(rollout__placement="ray", **on_async), ["rollout.placement='ray'",
+                                                    "--config.rollout.placement=local"]),
+      (dict(task__name="calculator", **on_async), ["task.name='calculator' is multi-turn",
+                                                   "--config.rollout.partial=off"]),
+  ])
+  assert validation.partial_errors(config(**on_async)) == []
+  assert validation.partial_errors(config(rollout__backend="auto", **on_async)) == []
+  assert [k for k, r in schedule_table.SCHEDULES.items() if r.partial_rollouts] == ["async"]
+  # A backend whose workers do not continue a request from its prefix (the toy one): named.
+  from tests.helpers import toy_entries  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(backend_table.BACKENDS, "toy", toy_entries.TOY_BACKEND)
+  (error,) = validation.partial_errors(config(rollout__backend="toy", **on_async))
+  assert "rollout.backend='toy'" in error and "('jax', 'vllm')" in error
+  assert "--config.rollout.partial=off" in error
 
 
 def test_ray_errors():
@@ -149,6 +195,7 @@ def test_buffer_errors():
                                                         "N >= B"]),
       (dict(buffer__fresh_tau=0.0), ["buffer.fresh_tau=0.0", "> 0"]),
       (dict(buffer__max_uses=-1), ["buffer.max_uses=-1", ">= 0"]),
+      (dict(buffer__max_staleness=-2), ["buffer.max_staleness=-2", ">= 0"]),
       (dict(buffer__on_policy=True, buffer__priority="fresh"),
        ["buffer.on_policy=True", "'uniform', 0, False"]),
       (dict(buffer__priority="fresh", buffer__fresh_base="rank"),
@@ -276,6 +323,8 @@ def test_generation_batch_accepts_auto_one_and_more(k):
      "scheduler.generation_batch=1"),
     ({"scheduler__generation_batch": 0, "scheduler__kind": "sync"}, "scheduler.kind='sync'"),
     ({"scheduler__generation_batch": 2, "rollout__backend": "vllm"}, "rollout.backend='vllm'"),
+    ({"scheduler__generation_batch": 2, "task__name": "calculator"},
+     "a multi-turn task .* set scheduler.generation_batch=1"),
     ({"scheduler__generation_batch": 2, "rollout__backend": "auto"}, "rollout.backend='auto'"),
     ({"scheduler__generation_batch": 2, "rollout__placement": "ray"}, "rollout.placement='ray'"),
 ])

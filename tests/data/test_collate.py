@@ -8,13 +8,16 @@ from jaxreplay.data import buffer
 from jaxreplay.data import collate
 
 
-def rollout(prompt, completion, logprobs, reward=1.0, advantage=0.5, version=0):
+def rollout(prompt, completion, logprobs, reward=1.0, advantage=0.5, version=0,
+            token_versions=None):
   return buffer.Rollout(np.array(prompt), np.array(completion), np.array(logprobs, np.float32),
-                        reward=reward, advantage=advantage, policy_version=version, group_id=0)
+                        reward=reward, advantage=advantage, policy_version=version, group_id=0,
+                        token_versions=token_versions)
 
 
-def reference_collate(rollouts, seq_len, rows, pad_id=0):
-  """Token-by-token loops straight from the Batch docstring (the slow, obvious version)."""
+def reference_collate(rollouts, seq_len, rows, pad_id=0, token_versions=False, min_version=None):
+  """Token-by-token loops straight from the Batch docstring (the slow, obvious version); with
+  token_versions each completion token's version, with min_version older tokens masked out."""
   out = {k: np.zeros((rows, seq_len), np.int32) for k in ("tokens", "positions", "segment_ids",
                                                           "targets")}
   out["tokens"][:] = pad_id
@@ -29,16 +32,22 @@ def reference_collate(rollouts, seq_len, rows, pad_id=0):
   for i in range(rows):
     for t in range(seq_len):
       out["targets"][i, t] = out["tokens"][i, t + 1] if t + 1 < seq_len else pad_id
+  versions = np.zeros((rows, seq_len), np.int32)
   for i, r in enumerate(rollouts):
     lp = len(r.prompt_tokens)
     for j, logprob in enumerate(r.logprobs):  # completion token j sits at lp + j, predicted at lp+j-1
+      v = r.policy_version if r.token_versions is None else int(r.token_versions[j])
+      if min_version is not None and v < min_version:
+        continue  # too stale: masked out
       out["completion_mask"][i, lp + j - 1] = 1.0
       out["behaviour_logprobs"][i, lp + j - 1] = logprob
+      versions[i, lp + j - 1] = v
   scalars = lambda f, dt: np.array([getattr(r, f) for r in rollouts] + [0] * (rows - len(rollouts)),
                                    dt)
   return batch_lib.Batch(**out, advantages=scalars("advantage", np.float32),
                          rewards=scalars("reward", np.float32),
-                         policy_version=scalars("policy_version", np.int32))
+                         policy_version=scalars("policy_version", np.int32),
+                         token_versions=versions if token_versions else None)
 
 
 def test_hand_built_batch():
@@ -107,11 +116,12 @@ def test_bucket_exactly_full_row():
 
 def test_pad_rows_are_all_zero():
   rs = [rollout([1, 2, 3], [4, 5], [-0.1, -0.2], version=7)]
-  got = collate.collate(rs, buckets=(8,), batch_size=5)
+  got = collate.collate(rs, buckets=(8,), batch_size=5, token_versions=True)
   chex.assert_shape(got.tokens, (5, 8))
   chex.assert_shape([got.advantages, got.rewards, got.policy_version], (5,))
-  for field in got:
+  for field in got:  # every field, token_versions included
     assert not np.any(field[1:]), "padding rows must be all zero"
+  assert collate.collate(rs, buckets=(8,), batch_size=5).token_versions is None  # not asked
   empty = collate.collate([], buckets=(16, 8), batch_size=2)
   chex.assert_trees_all_equal(empty, batch_lib.zeros(2, 8))
 
@@ -165,14 +175,35 @@ def test_packed_row_count():
 
 
 def _random_rollouts(n, seed, max_prompt=12, max_completion=40):
-  """n rollouts of 2..50 tokens; rollout i has policy_version i (to find it in a packed batch)."""
+  """n rollouts of 2..50 tokens; rollout i has policy_version i (to find it in a packed batch);
+  every other one continued across refreshes: token versions i, i, ..., i + 1, ... (as
+  `rollout.partial="continue"` makes them)."""
   rng = np.random.default_rng(seed)
   out = []
   for i in range(n):
     lp, lc = int(rng.integers(1, max_prompt)), int(rng.integers(1, max_completion))
+    versions = None
+    if i % 2:
+      versions = i + np.cumsum(rng.random(lc) < 0.2)
+      versions[0] = i
     out.append(rollout(rng.integers(1, 90, lp), rng.integers(1, 90, lc), -rng.random(lc),
-                       reward=float(i % 3), advantage=float(rng.normal()), version=i))
+                       reward=float(i % 3), advantage=float(rng.normal()), version=i,
+                       token_versions=versions))
   return out
+
+
+@pytest.mark.parametrize("min_version", [None, 5])
+def test_token_versions_and_stale_masking_equal_the_reference(min_version):
+  rs = _random_rollouts(12, 3)
+  assert any(len(np.unique(r.versions_per_token())) > 1 for r in rs)  # some span versions
+  got = collate.collate(rs, buckets=(64,), batch_size=14, token_versions=True,
+                        min_token_version=min_version)
+  want = reference_collate(rs, 64, 14, token_versions=True, min_version=min_version)
+  chex.assert_trees_all_equal(got, want)
+  if min_version is not None:  # something was masked, and nothing of a version >= 5
+    plain = collate.collate(rs, buckets=(64,), batch_size=14)
+    assert got.completion_mask.sum() < plain.completion_mask.sum()
+    assert np.all(got.token_versions[got.completion_mask > 0] >= min_version)
 
 
 @pytest.mark.parametrize("seed,batch_size,row_multiple", [(0, 16, 1), (1, 24, 4), (2, 7, 1)])
@@ -180,9 +211,11 @@ def test_packed_segments_equal_the_unpacked_rows(seed, batch_size, row_multiple)
   """Every rollout of the packed batch, read back from its (row, segment), equals its row of the
   unpacked batch (itself checked against the token-by-token reference above)."""
   rs = _random_rollouts(batch_size - 2, seed)
-  unpacked = collate.collate(rs, buckets=(32, 64), pad_id=3, batch_size=batch_size)
+  # Per-token versions with the oldest masked: they must follow each rollout into its segment.
+  unpacked = collate.collate(rs, buckets=(32, 64), pad_id=3, batch_size=batch_size,
+                             token_versions=True, min_token_version=3)
   packed = collate.collate(rs, buckets=(32, 64), pad_id=3, batch_size=batch_size, pack=True,
-                           row_multiple=row_multiple)
+                           row_multiple=row_multiple, token_versions=True, min_token_version=3)
   rows, seq_len = packed.tokens.shape
   assert seq_len == unpacked.tokens.shape[1] and packed.packed
   assert rows % row_multiple == 0 and rows <= batch_size
@@ -197,7 +230,8 @@ def test_packed_segments_equal_the_unpacked_rows(seed, batch_size, row_multiple)
     assert np.all(packed.segment_ids[row, cols] == seg)
     assert cols.size == r.length
     seen[row, cols] = True
-    for field in ("tokens", "positions", "targets", "completion_mask", "behaviour_logprobs"):
+    for field in ("tokens", "positions", "targets", "completion_mask", "behaviour_logprobs",
+                  "token_versions"):
       got = getattr(packed, field)[row, cols]
       want = getattr(unpacked, field)[i, :r.length]
       chex.assert_trees_all_equal(got, want)  # the last token's target is padding in both

@@ -185,3 +185,41 @@ def test_deliver_with_rewards_scored_beforehand_lands_the_same_rollouts():
   for key in state_a:
     np.testing.assert_array_equal(state_a[key], state_b[key], err_msg=key)
   np.testing.assert_array_equal(a.take_fresh_rewards(), b.take_fresh_rewards())
+
+
+def test_multi_turn_requests_land_as_trajectories_and_count_for_the_metrics_rows():
+  """A calculator request: its rollouts keep their masks, the intake counts the trajectories
+  (env/* cumulative, means over those delivered since the last row) and checkpoints the fresh
+  ones."""
+  from jaxreplay.rollout import base  # pylint: disable=g-import-not-at-top
+  from jaxreplay.rollout import multiturn  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import calculator, environments, tokenizer  # pylint: disable=g-import-not-at-top
+  from tests.helpers.scripted_worker import ScriptedWorker, calculator_script  # pylint: disable=g-import-not-at-top
+  task = calculator.CalculatorTask(num_digits=(2, 3), seed=0)
+  codec = tokenizer.TextCodec(tokenizer.build_char_tokenizer(task.charset))
+  runner = multiturn.EpisodeRunner(environments.spec_from_factory(task.make_env, 6, 64, 5.0),
+                                   codec, 64)
+  buf = ReplayBuffer(64, seed=0)
+  intake = Intake(task, codec, PromptSource(task, seed=5), buf, make_advantage_fn("grpo"),
+                  SamplingParams(max_tokens=48, stop_token_ids=codec.stop_ids),
+                  prompts_per_request=2, group_size=3, episodes=runner)
+  assert intake.env_metrics()["env/episodes"] == 0.0
+  batch = intake.next_request()
+  assert batch.episodes is not None and batch.episodes.problems == tuple(p for _, p in batch.meta)
+  worker = ScriptedWorker(codec, calculator_script([p for _, p in batch.meta]))
+  groups = base.generate_request(worker, batch.prompts, batch.n, batch.sampling, batch.episodes)
+  intake.deliver(batch, groups)
+  runner.close()
+  held = buf.contents()
+  assert len(held) == 6 and all(r.num_turns > 1 and r.reward == 1.0 for r in held)
+  calls = sum(c.episode.tool_calls for g in groups for c in g.completions)
+  state = intake.state_dict()
+  assert len(state["fresh_episodes"]) == 6
+  m = intake.env_metrics()
+  assert m["env/episodes"] == 6.0 and m["env/tool_calls"] == float(calls) > 0
+  assert m["env/errors"] == m["env/timeouts"] == m["env/budget_cuts"] == 0.0
+  assert m["env/turns_mean"] == calls / 6 + 1 and m["env/tool_correct"] == 1.0
+  again = intake.env_metrics()  # nothing new: counts stay, means are NaN
+  assert again["env/episodes"] == 6.0 and np.isnan(again["env/turns_mean"])
+  intake.load_state_dict(state)
+  assert intake.env_metrics()["env/turns_mean"] == m["env/turns_mean"]

@@ -106,3 +106,69 @@ def make_pool(rec, workers, num_workers=2, worker_kwargs=None, **kwargs):
     return w
   return WorkerPool(make_worker, num_workers, rec.source, rec.sink, on_drop=rec.on_drop,
                     restart_backoff_s=0.01, idle_sleep_s=0.01, **kwargs)
+
+
+STOP = 999  # ChunkWorker's stop token
+
+
+class ChunkWorker:
+  """A deterministic worker for partial rollouts (`rollout.partial`): a context whose first token
+  is L (its prompt is [L, k], 2 tokens) gets tokens until it holds L generated tokens, the L-th
+  being STOP; every token is 10 * version + 1 with log-prob -(version + 1) / 10, so each token
+  tells which weights made it. It records every call's contexts and max_tokens, and calls
+  `on_call(worker)` after each call (a test refreshes the pool from there, deterministically)."""
+
+  call_count = None
+
+  def __init__(self, index, version=0, on_call=None, die_on_call=None):
+    self.index, self.policy_version = index, version
+    self.on_call, self.die_on_call = on_call, die_on_call
+    self.calls = []  # (contexts, max_tokens, version) of each generate call
+    self.updates = []
+    self.closed = False
+
+  def generate(self, prompts, n, sampling):
+    assert n == 1, "continued sequences are sampled one per context"
+    if self.die_on_call is not None and len(self.calls) == self.die_on_call:
+      raise WorkerDied("chunk worker killed")
+    self.calls.append(([np.asarray(p).copy() for p in prompts], sampling.max_tokens,
+                       self.policy_version))
+    v = self.policy_version
+    groups = []
+    for i, p in enumerate(prompts):
+      p = np.asarray(p)
+      left = int(p[0]) - (p.size - 2)
+      k = min(sampling.max_tokens, left)
+      tokens = np.full(k, 10 * v + 1, np.int32)
+      reason = "length"
+      if k == left:
+        tokens[-1], reason = STOP, "stop"
+      groups.append(Group(p, [Completion(tokens, np.full(k, -(v + 1) / 10, np.float32), reason)],
+                          v, i))
+    if self.on_call is not None:
+      self.on_call(self)
+    return groups
+
+  def load_weights(self, weights):
+    self.updates.append(weights.version)
+    self.policy_version = weights.version
+
+  def close(self):
+    self.closed = True
+
+
+class LengthSource(Recorder):
+  """Requests of one prompt [L, k] per entry of `lengths` (n = `n`, max_tokens `max_tokens`),
+  then None."""
+
+  def __init__(self, lengths, n=2, max_tokens=64):
+    super().__init__()
+    self.lengths, self.n = list(lengths), n
+    self.sampling = SamplingParams(max_tokens=max_tokens, stop_token_ids=(STOP,))
+
+  def source(self, index):
+    k = next(self.counter)
+    if k >= len(self.lengths):
+      return None
+    return PromptBatch(prompts=[np.array([self.lengths[k], k], np.int32)], n=self.n,
+                       sampling=self.sampling, meta=k)

@@ -10,7 +10,10 @@ nothing bad on disk:
   a corrupted newest checkpoint (detected, moved aside, the previous one resumed),
   non-finite updates (lr=1e30: skipped, then the run stops, exit 3; no NaN is ever saved).
   an over-long dataset row (dropped at load, named file:line, counted; no crash, no crash loop on
-  resume).
+  resume),
+  kill -9 of an async run with partial rollouts (rollout.partial="continue"): it resumes from its
+  checkpoint, the buffer's per-token versions restored, and finishes (asynchronous, so not bit for
+  bit: its requests in flight are generated again from their prompts).
 Rewards that hang or eat memory are covered in test_rewards.py (the reward child's limits).
 """
 import os
@@ -226,3 +229,37 @@ def test_an_over_long_dataset_row_is_dropped_not_crashed_on(tmp_path):
   rows = read_rows(workdir)
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   assert all(r["data/skipped_rows"] == 1.0 for r in rows) and rows[-1]["reward/calls"] > 0
+
+
+def test_async_partial_rollouts_killed_then_resumed(tmp_path):
+  workdir = str(tmp_path / "partial")
+  extra = ("--config.scheduler.kind=async", "--config.rollout.partial=continue",
+           "--config.rollout.partial_chunk_tokens=2", "--config.buffer.max_staleness=3",
+           "--config.rollout.prompts_in_flight=8", "--config.total_steps=8")
+  proc = start(workdir, *extra)
+  _wait_for(_has_checkpoint(workdir, 4), proc, timeout=600, what="checkpoint 4")
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  before = read_rows(workdir)
+  assert before[-1]["step"] < 8
+  _, host = _host_state(workdir, 4)
+  buf = host["buffer"]
+  if "token_versions" in buf:  # rollouts continued across a refresh were held: versions per token
+    assert len(buf["token_versions"]) == len(buf["completion_tokens"])
+  out = run_launch(workdir, *extra, timeout=900)
+  assert "resumed at step 4" in out.stderr
+  rows = read_rows(workdir)
+  assert [r["step"] for r in rows] == list(range(9))  # no row lost or repeated
+  last = rows[-1]
+  for key in ("rollout/partial_continued", "rollout/versions_per_rollout_mean",
+              "buffer/token_staleness_mean", "buffer/stale_dropped", "time/trainer_wait_s",
+              "batch/stale_masked_fraction"):
+    assert key in last, key
+  # counters continue over the resume; refreshes reached requests in flight
+  assert last["rollout/partial_continued"] >= max(r.get("rollout/partial_continued", 0)
+                                                  for r in before) and (
+      last["rollout/partial_continued"] > 0)
+  # max_staleness 3: a batch's tokens more than 3 versions old were masked out of it
+  assert all(r["buffer/token_staleness_max"] <= 3 or r["batch/stale_masked_fraction"] > 0
+             for r in rows if "buffer/token_staleness_max" in r)
+  assert last["mismatch/exp_abs_diff"] <= 1.05  # fresh tokens: sampler == trainer at one version

@@ -403,3 +403,63 @@ class OptionsTest(chex.TestCase):
                            off_policy=corrections.OffPolicyOptions("decoupled"))
     trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions("decoupled"))
     trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
+
+
+class PartialRolloutsTest(chex.TestCase):
+  """Rollouts continued across weight refreshes (rollout.partial="continue"): every correction
+  and both losses read each token's behaviour log-prob under the version that sampled it, and
+  tokens masked as too stale (buffer.max_staleness) are in no term."""
+
+  @parameterized.product(mode=("tis", "mis_token", "decoupled"), min_version=(None, 1))
+  def test_losses_use_each_tokens_own_versions_logprobs(self, mode, min_version):
+    from jaxreplay.data import collate  # pylint: disable=g-import-not-at-top
+    from jaxreplay.models import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
+    from jaxreplay.models import presets, transformer  # pylint: disable=g-import-not-at-top
+    cfg = presets.tiny()
+    params = [transformer.init_params(cfg, jax.random.key(k)) for k in range(3)]  # v0, v1, now
+    rng = np.random.default_rng(0)
+
+    def full_logprobs(p, seq):
+      seq = np.asarray(seq)[None]
+      return np.asarray(logprobs_lib.token_logprobs(cfg, p, seq[:, :-1], seq[:, 1:]))[0]
+
+    rollouts = []
+    for i, switch in enumerate((3, 5, 0)):  # tokens at version 0 up to `switch`, then 1
+      prompt = rng.integers(1, cfg.vocab_size, 4).astype(np.int32)
+      completion = rng.integers(1, cfg.vocab_size, 7).astype(np.int32)
+      versions = np.where(np.arange(7) < switch, 0, 1).astype(np.int32)
+      seq = np.r_[prompt, completion]
+      by_version = [full_logprobs(params[v], seq)[prompt.size - 1:] for v in (0, 1)]
+      behaviour = np.where(versions == 0, by_version[0], by_version[1])  # as the sampler gave
+      rollouts.append(batch_lib.Rollout(prompt, completion, behaviour, reward=float(i),
+                                        advantage=float(rng.normal()),
+                                        policy_version=int(versions.min()), group_id=0,
+                                        token_versions=versions))
+    batch = collate.collate(rollouts, buckets=(16,), token_versions=True,
+                            min_token_version=min_version)
+    lp = np.asarray(logprobs_lib.token_logprobs(cfg, params[2], batch.tokens, batch.targets))
+    # The reference's behaviour log-probs, recomputed per position from the token's version.
+    refs = [np.asarray(logprobs_lib.token_logprobs(cfg, params[v], batch.tokens, batch.targets))
+            for v in (0, 1)]
+    mask = np.zeros(batch.tokens.shape, np.float32)
+    blp = np.zeros(batch.tokens.shape)
+    for b, r in enumerate(rollouts):
+      for j, v in enumerate(r.token_versions):
+        t = r.prompt_tokens.size - 1 + j
+        if min_version is None or v >= min_version:
+          mask[b, t], blp[b, t] = 1.0, refs[v][b, t]
+    np.testing.assert_array_equal(batch.completion_mask, mask)
+    np.testing.assert_allclose(batch.behaviour_logprobs, blp,
+                               **tolerances.close(np.float32, cfg.hidden_size, 10.0))
+    lp = lp * mask
+    n = int(mask.sum())
+    for kind, algo_options in (("grpo", algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH)),
+                               ("asymre", algorithms.AsymreOptions())):
+      f = functools.partial(algorithms.loss, kind, aggregation="token_mean",
+                            options=algo_options, off_policy=options(mode))
+      (loss, _), grad = f(lp, batch), jax.grad(lambda a: f(a, batch)[0])(lp)
+      want_loss, want_grad = np_loss_and_grad(kind, mode, lp, blp, batch.advantages, mask,
+                                              "token_mean")
+      np.testing.assert_allclose(loss, want_loss, **tolerances.close(np.float32, n, 3 * CAP))
+      np.testing.assert_allclose(grad, want_grad, **tolerances.close(np.float32, n, CAP))
+      assert np.all(np.asarray(grad)[mask == 0] == 0)  # masked (stale) tokens: no gradient

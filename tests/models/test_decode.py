@@ -53,3 +53,36 @@ def test_cache_shape_errors():
     decode.prefill(cfg, params, jnp.zeros((2, 6), jnp.int32), jnp.array([6, 6]), cache)
   with pytest.raises(ValueError, match="init_cache"):
     decode.decode_step(cfg, params, jnp.zeros((3,), jnp.int32), cache)
+
+
+extend = jax.jit(decode.extend, static_argnums=0, donate_argnums=4)
+
+
+@pytest.mark.parametrize("name", ["qwen3_tied_hd32", "llama3_scaled"])
+def test_extend_equals_prefilling_the_whole_sequence(name):
+  """Prefill, a decode step, then appended chunks of different lengths per row (0: the row waits):
+  the logits after each row's last appended token equal the full forward's at that position, and
+  a decode step after the extend continues from the right place."""
+  cfg, _, params = setup(name)
+  lengths = np.array([4, 7, 2], np.int32)
+  full = random_tokens(cfg, (3, 24), seed=5)
+  ref = np.asarray(apply(cfg, params, jnp.asarray(full)))
+  scale = max(1.0, float(np.abs(ref).max()))
+  cache = decode.init_cache(cfg, 3, 24)
+  _, cache = prefill(cfg, params, jnp.asarray(full[:, :8]), jnp.asarray(lengths), cache)
+  at = lengths.copy()
+  for appended in ([3, 0, 5], [1, 4, 0], [6, 2, 3]):
+    appended = np.asarray(appended, np.int32)
+    chunk = np.zeros((3, 8), np.int32)
+    for b in range(3):
+      chunk[b, :appended[b]] = full[b, at[b]:at[b] + appended[b]]
+    logits, cache = extend(cfg, params, jnp.asarray(chunk), jnp.asarray(appended), cache)
+    at = at + appended
+    np.testing.assert_array_equal(np.asarray(cache.lengths), at)
+    rows = appended > 0
+    got = np.asarray(logits)[rows]
+    want = ref[np.arange(3)[rows], at[rows] - 1]
+    assert float(np.abs(got - want).max()) <= 1e-4 * scale
+  logits, cache = decode_step(cfg, params, jnp.asarray(full[np.arange(3), at]), cache)
+  want = ref[np.arange(3), at]
+  assert float(np.abs(np.asarray(logits) - want).max()) <= 1e-4 * scale

@@ -81,6 +81,7 @@ def test_facts_of_the_two_backends():
   assert jax_.gpus_per_worker(c.rollout) == 0 and vllm.gpus_per_worker(c.rollout) == 4
   assert jax_.on_trainer_devices and not vllm.on_trainer_devices
   assert vllm.fills_engine and not jax_.fills_engine
+  assert jax_.continues_requests and vllm.continues_requests  # rollout.partial="continue"
   assert vllm.serves_lora("local") and jax_.serves_lora("local") and not vllm.serves_lora("ray")
   assert [b.name for b in backend_table.candidates("auto")] == ["jax", "vllm"]
   assert backend_table.candidates("bogus") == []

@@ -14,7 +14,7 @@ from jaxreplay.models import hf_io
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
 from jaxreplay.rollout import jax_sampler
-from jaxreplay.rollout.base import SamplingParams, Weights
+from jaxreplay.rollout.base import SamplingParams, TurnDriver, Weights, run_turns
 from jaxreplay.rollout.jax_sampler import JaxSampler, filter_logits, sample_token
 from tests.helpers import tolerances
 
@@ -399,3 +399,73 @@ def test_generate_requests_equals_one_generate_call_per_request(model, sampler):
     sampler.generate_requests([(PROMPTS, 0, 1)], SETTINGS)
   with pytest.raises(ValueError, match="call index -1"):
     sampler.generate_requests([(PROMPTS, 1, -1)], SETTINGS)
+
+
+# ---- multi-turn: the KV cache carried across turns ----------------------------------------------
+
+OBSERVATIONS = (np.array([7, 8], np.int32), np.array([9, 10, 11, 12, 13], np.int32))
+
+
+def _respond(turn, rows, turns):
+  """Every row gets OBSERVATIONS[turn] after its turn `turn` (rows of odd index stop after one)."""
+  return [OBSERVATIONS[turn] if turn < len(OBSERVATIONS) and not (turn and r % 2) else None
+          for r in rows]
+
+
+class _OneCallPerTurn:
+  """The sampler without its `generate_turns`: `run_turns` then re-sends each conversation."""
+
+  def __init__(self, sampler):
+    self.sampler = sampler
+
+  def generate(self, prompts, n, sampling):
+    return self.sampler.generate(prompts, n, sampling)
+
+
+def _trajectories(worker, n, sampling, max_total=40):
+  driver = TurnDriver([len(p) for p in PROMPTS], n, sampling.max_tokens, max_total, _respond)
+  run_turns(worker, PROMPTS, n, sampling, driver)
+  return driver.completions()
+
+
+def test_turns_from_the_cache_have_the_full_forward_logprobs(model, sampler):
+  """Sampled multi-turn trajectories (the cache extended by each turn's last token and the
+  observation): every policy token's log-prob is the full forward's over the whole conversation
+  (prompt, earlier turns and observations re-read from scratch), and the observations sit where
+  the driver put them."""
+  cfg, params = model
+  settings = SamplingParams(temperature=1.0, max_tokens=4)
+  comps = _trajectories(sampler, 2, settings)
+  seqs = [np.concatenate([PROMPTS[r // 2], c.tokens]) for r, c in enumerate(comps)]
+  logits = full_forward_logits(cfg, params, seqs, rows=8, pad_to=48)
+  for r, (c, seq) in enumerate(zip(comps, seqs)):
+    lp_all = logits[r] - np.log(np.exp(logits[r] - logits[r].max(-1, keepdims=True)).sum(
+        -1, keepdims=True)) - logits[r].max(-1, keepdims=True)
+    start = len(PROMPTS[r // 2])
+    policy = np.flatnonzero(c.mask > 0)
+    want = lp_all[start + policy - 1, seq[start + policy]]
+    np.testing.assert_allclose(c.logprobs[policy], want, atol=2e-4)
+    np.testing.assert_array_equal(c.logprobs[c.mask == 0], 0.0)
+    assert len(c.turn_starts) == (2 if r % 2 else 3)
+    for k, obs in enumerate(OBSERVATIONS[:len(c.turn_starts) - 1]):
+      at = c.turn_starts[k + 1] - len(obs)
+      np.testing.assert_array_equal(c.tokens[at:c.turn_starts[k + 1]], obs)
+      np.testing.assert_array_equal(c.mask[at:c.turn_starts[k + 1]], 0.0)
+
+
+def test_cache_across_turns_equals_re_prefilling_each_turn(model):
+  """Greedy: the KV-cache path (`generate_turns`) and one `generate` call per turn with the whole
+  conversation as the prompt (vLLM's way) write the same tokens, masks and turn starts, and the
+  same log-probs up to float rounding."""
+  cfg, params = model
+  greedy = SamplingParams(temperature=0.0, max_tokens=4)
+  cached = JaxSampler(cfg, params, max_len=48, batch_size=8, eos_token_ids=(), seed=0)
+  plain = JaxSampler(cfg, params, max_len=48, batch_size=8, eos_token_ids=(), seed=0)
+  a = _trajectories(cached, 1, greedy)
+  b = _trajectories(_OneCallPerTurn(plain), 1, greedy)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x.tokens, y.tokens)
+    np.testing.assert_array_equal(x.mask, y.mask)
+    np.testing.assert_array_equal(x.turn_starts, y.turn_starts)
+    np.testing.assert_allclose(x.logprobs, y.logprobs, atol=2e-4)
+    assert x.finish_reason == y.finish_reason

@@ -1,6 +1,7 @@
 """Tests of the rollout worker pool: version tags, refresh between requests, worker death and
-replacement, bounded stop, a pool of real JAX samplers refreshed through FilePublisher, and weights
-still being written (served at the held version) or superseded (the newest loaded)."""
+replacement, bounded stop, a pool of real JAX samplers refreshed through FilePublisher, weights
+still being written (served at the held version) or superseded (the newest loaded), and partial
+rollouts (requests in chunks, continued across a refresh, refilled as they finish)."""
 import itertools
 import time
 
@@ -14,7 +15,9 @@ from jaxreplay.models import presets
 from jaxreplay.models import transformer
 from jaxreplay.rollout.base import SamplingParams, StaleWeights, Weights, WorkerDied
 from jaxreplay.rollout.pool import PromptBatch, WorkerPool
-from tests.helpers.pool_fakes import SAMPLING, FakeWorker, Recorder, check_complete, make_pool
+from jaxreplay.rollout.base import PoolStopped
+from tests.helpers.pool_fakes import (SAMPLING, STOP, ChunkWorker, FakeWorker, LengthSource,
+                                      Recorder, check_complete, make_pool)
 
 
 def test_groups_reach_sink_tagged_and_refresh_between_requests():
@@ -474,3 +477,105 @@ def test_pool_retries_a_superseded_load_at_the_newest_version():
     pool.raise_if_failed()
   finally:
     pool.stop()
+
+
+# ---- partial rollouts (partial_chunk_tokens > 0) ------------------------------------------------
+
+def _chunk_pool(rec, workers, worker_kwargs=None, **kwargs):
+  def make_worker(i):
+    w = ChunkWorker(i, **(worker_kwargs or {}))
+    workers.setdefault(i, []).append(w)
+    return w
+  return WorkerPool(make_worker, 1, rec.source, rec.sink, on_drop=rec.on_drop,
+                    restart_backoff_s=0.01, idle_sleep_s=0.01, **kwargs)
+
+
+def test_a_request_continues_across_a_refresh_without_regenerating_its_prefix():
+  rec, workers = LengthSource([10], n=2), {}
+  pool = None
+
+  def refresh_after_second_call(worker):
+    if len(worker.calls) == 2:
+      pool.refresh(Weights(1, hf_dir="/w/v1"))
+  pool = _chunk_pool(rec, workers, {"on_call": refresh_after_second_call}, partial_chunk_tokens=3,
+                     initial_weights=Weights(0, hf_dir="/w/v0"))
+  pool.start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 1)
+    m = pool.metrics()
+  finally:
+    pool.stop(5)
+  (d,) = rec.deliveries
+  worker = workers[0][0]
+  # Chunks of 3 tokens: two at version 0, the refresh, then 3 + the last (STOP) at version 1.
+  assert [(len(ctx), max_tokens, v) for ctx, max_tokens, v in worker.calls] == [
+      (2, 3, 0), (2, 3, 0), (2, 3, 1), (2, 3, 1)]
+  assert worker.updates == [1]
+  assert d.policy_version == 0 and len(d.groups) == 1 and d.groups[0].policy_version == 0
+  for j, c in enumerate(d.groups[0].completions):
+    np.testing.assert_array_equal(c.tokens, [1] * 6 + [11] * 3 + [STOP])
+    np.testing.assert_array_equal(c.versions, [0] * 6 + [1] * 4)
+    np.testing.assert_allclose(c.logprobs, [-0.1] * 6 + [-0.2] * 4, rtol=1e-6)
+    assert c.finish_reason == "stop"
+    # Nothing regenerated: each chunk's context is the prompt and exactly the tokens so far.
+    for k, (contexts, _, _) in enumerate(worker.calls):
+      np.testing.assert_array_equal(contexts[j], np.r_[[10, 0], c.tokens[:3 * k]])
+  assert m["continued"] == 2  # both sequences were mid-way at the refresh
+  assert m["versions_per_rollout_mean"] == 2.0 and m["calls"] == 4 and m["tokens"] == 20
+  chex.assert_trees_all_close(d.generate_seconds, m["generate_seconds"], rtol=1e-9)
+
+
+def test_finished_requests_leave_at_a_chunk_boundary_and_new_ones_fill_their_rows():
+  rec, workers = LengthSource([12, 2, 2, 2], n=1), {}
+  pool = _chunk_pool(rec, workers, partial_chunk_tokens=4, requests_per_call=2).start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 4)
+  finally:
+    pool.stop(5)
+  # Two requests' rows per call: the long one stays while the short ones come and go.
+  assert [len(ctx) for ctx, _, _ in workers[0][0].calls] == [2, 2, 2]
+  assert [d.batch.meta for d in rec.deliveries] == [1, 2, 0, 3]
+  assert [len(d.groups[0].completions[0].tokens) for d in rec.deliveries] == [2, 2, 12, 2]
+  assert all(d.groups[0].completions[0].finish_reason == "stop" for d in rec.deliveries)
+
+
+def test_max_tokens_ends_a_continued_sequence_with_length():
+  rec, workers = LengthSource([50], n=1, max_tokens=7), {}
+  pool = _chunk_pool(rec, workers, partial_chunk_tokens=3).start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 1)
+  finally:
+    pool.stop(5)
+  assert [max_tokens for _, max_tokens, _ in workers[0][0].calls] == [3, 3, 1]
+  (c,) = rec.deliveries[0].groups[0].completions
+  assert len(c.tokens) == 7 and c.finish_reason == "length" and STOP not in c.tokens
+
+
+def test_a_dead_or_stopped_worker_drops_its_requests_in_flight():
+  rec, workers = LengthSource([30, 30], n=1), {}
+  pool = _chunk_pool(rec, workers, {"die_on_call": 1}, partial_chunk_tokens=2,
+                     requests_per_call=2).start()
+  try:
+    deadline = time.monotonic() + 10
+    # The drops come first, then the replacement: wait for both (stopping in between would
+    # leave the worker unreplaced, by design).
+    while (len(rec.drops) < 2 or len(workers.get(0, ())) < 2) and time.monotonic() < deadline:
+      time.sleep(0.01)
+  finally:
+    pool.stop(5)
+  assert sorted(meta for meta, _ in rec.drops) == [0, 1] and not rec.deliveries
+  assert all(isinstance(reason, WorkerDied) for _, reason in rec.drops)
+  assert len(workers[0]) >= 2  # replaced
+  rec, workers = LengthSource([10**6], n=1, max_tokens=10**6), {}
+  pool = _chunk_pool(rec, workers, {"on_call": lambda w: time.sleep(0.01)},
+                     partial_chunk_tokens=1).start()
+  try:
+    deadline = time.monotonic() + 10
+    while len(workers.get(0, [None])[0].calls if workers else ()) < 3 and (
+        time.monotonic() < deadline):
+      time.sleep(0.01)
+  finally:
+    pool.stop(5)
+  assert [meta for meta, _ in rec.drops] == [0] and isinstance(rec.drops[0][1], PoolStopped)
+  with pytest.raises(ValueError, match="partial_chunk_tokens"):
+    _chunk_pool(rec, {}, partial_chunk_tokens=-1)

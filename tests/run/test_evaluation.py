@@ -1,4 +1,5 @@
 """Tests of pass@k (against brute-force enumeration) and of evaluate() with a fake sampler."""
+import functools
 import itertools
 import math
 from fractions import Fraction
@@ -182,3 +183,31 @@ def test_engine_jobs_draw_eval_noise_from_the_eval_counter_and_restore_the_worke
   plain = Plain()
   assert [job(plain) for job in jobs] == [[1], [4]] and plain.calls == 2
 
+
+
+def test_multi_turn_evaluation_scores_trajectories_and_reports_their_tool_use():
+  """Calculator episodes on a scripted worker (every column called, every result used): pass@1
+  and pass@k are 1, eval/env/* describe the pass@1 trajectories, and the entropy and token count
+  are over the policy's tokens only (observations carry log-prob 0)."""
+  from jaxreplay.rollout import base, multiturn  # pylint: disable=g-import-not-at-top
+  from jaxreplay.tasks import calculator, environments, tokenizer  # pylint: disable=g-import-not-at-top
+  from tests.helpers.scripted_worker import LOGPROB, ScriptedWorker, calculator_script  # pylint: disable=g-import-not-at-top
+  task = calculator.CalculatorTask(num_digits=(2, 3), seed=0)
+  codec = tokenizer.TextCodec(tokenizer.build_char_tokenizer(task.charset))
+  runner = multiturn.EpisodeRunner(environments.spec_from_factory(task.make_env, 6, 64, 5.0),
+                                   codec, 64)
+  problems = task.eval_set(6)
+  worker = ScriptedWorker(codec, calculator_script(problems))
+  out = evaluation.evaluate(functools.partial(base.generate_request, worker), task, problems,
+                            codec, n_samples=2, ks=(1, 2), max_tokens=48, prefix="eval/",
+                            episodes=runner)
+  runner.close()
+  assert out["eval/pass@1"] == out["eval/pass@2"] == 1.0
+  columns = [len(calculator.reference_trajectory(p)) // 2 for p in problems]
+  assert out["eval/env/tool_correct"] == 1.0 and out["eval/env/stop_fraction"] == 1.0
+  assert out["eval/env/tool_calls_mean"] == pytest.approx(np.mean(columns))
+  assert out["eval/env/turns_mean"] == pytest.approx(np.mean(columns) + 1)
+  assert out["eval/entropy"] == pytest.approx(-LOGPROB)
+  policy = [sum(len(codec.encode(t, add_bos=False)) for t, trained in
+                calculator.reference_trajectory(p) if trained) + 1 for p in problems]  # + eos
+  assert out["eval/mean_completion_tokens"] == pytest.approx(np.mean(policy))

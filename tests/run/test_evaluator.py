@@ -48,7 +48,8 @@ def make_parts(sampler, problems, task, codec, compute=0.0, **eval_overrides):
       "rollout": {"max_tokens": 8}})
   c.eval.update(eval_overrides)
   return types.SimpleNamespace(
-      config=c, data=types.SimpleNamespace(task=task, codec=codec, eval_problems=problems),
+      config=c, data=types.SimpleNamespace(task=task, codec=codec, eval_problems=problems,
+                                           intake=types.SimpleNamespace(episodes=None)),
       generation=types.SimpleNamespace(eval_sampler=sampler),
       telemetry=types.SimpleNamespace(metrics=types.SimpleNamespace(
           compute_seconds=lambda: compute)))

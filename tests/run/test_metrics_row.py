@@ -17,6 +17,12 @@ class Intake:
   def take_fresh_rewards(self):
     return np.array([1.0, 0.0], np.float32)
 
+  def env_metrics(self):  # a single-turn task: no env/* keys
+    return {}
+
+  def env_counts(self):
+    return {}
+
 
 class Task:
   def reward_metrics(self):

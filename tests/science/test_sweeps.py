@@ -176,3 +176,25 @@ def test_a_tasks_decisive_sweep_from_a_config_and_families():
     sweeps.pareto_task("x", sweeps.LARGE_BATCH_CONFIG, ("onpolicy", "nope"))
   with pytest.raises(FileNotFoundError, match="not found"):
     sweeps.pareto_task("x", "configs/no_such_config.py", ("onpolicy",))
+def test_the_multiturn_sweep():
+  """Issue 38: on-policy vs replay on configs/multiturn.py, 3 seeds, one budget of 200 on-policy
+  updates of that config; the sweep's evaluation protocol on every run, which keeps the
+  multi-turn task (one sampler call per prompt request, its environment)."""
+  sweep = sweeps.SWEEPS["multiturn"]
+  assert sweeps.get("multiturn") == [sweep]
+  assert sweep.config == "configs/multiturn.py" and sweep.min_seeds == 3
+  assert [(a.name, a.family) for a in sweep.arms] == [("onpolicy", "onpolicy"),
+                                                      ("replay", "replay")]
+  plan = runner.plan_sweep(sweep, sweep.min_seeds)
+  base = runner.load_config("configs/multiturn.py")
+  assert plan["budget"] == 200 * sweeps.update_seconds(base)
+  assert sorted((s.arm, s.seed) for s in plan["specs"]) == [
+      (arm, seed) for arm in ("onpolicy", "replay") for seed in range(3)]
+  for s in plan["specs"]:
+    o = dict(s.overrides)
+    assert o["eval.n_samples"] == 8 and o["eval.ks"] == (1, 2, 4, 8)
+    assert o["compute_budget"] == plan["budget"] and s.config == "configs/multiturn.py"
+    assert o.get("buffer.on_policy", False) == (s.arm == "onpolicy")
+    c = runner.load_config(s.config)
+    sweeps.apply(c, s.overrides)
+    assert c.task.name == "calculator" and validation.multiturn(c)

@@ -123,3 +123,23 @@ def test_digit_range_and_num_digits_5():
       a, b = (int(x) for x in p.prompt[:-1].replace("*", "+").replace("-", "+").split("+"))
       assert 10_000 <= min(a, b) and max(a, b) <= 99_999
     task.close()
+
+
+def test_digit_decay_draws_digit_counts_geometrically():
+  """task.digit_decay: P(d digits) ~ decay^(d - lo), exactly (chi-square against it; the uniform
+  draw of digit_decay=1 is rejected), and 1.0 keeps the uniform draw's problems as they were."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  decay, (lo, hi) = 0.5, (1, 5)
+  task = arithmetic.ArithmeticTask(num_digits=(lo, hi), ops="+", digit_decay=decay)
+  rng = np.random.default_rng(0)
+  digits = np.array([len(str(task._operand(rng))) for _ in range(20000)])  # pylint: disable=protected-access
+  counts = np.bincount(digits, minlength=hi + 1)[lo:]
+  want = decay ** np.arange(hi - lo + 1)
+  want = want / want.sum() * counts.sum()
+  assert stats.chisquare(counts, want).pvalue > 1e-3
+  assert stats.chisquare(counts, np.full(hi - lo + 1, counts.sum() / (hi - lo + 1))).pvalue < 1e-9
+  uniform = arithmetic.ArithmeticTask(num_digits=(lo, hi), ops="+")
+  assert arithmetic.ArithmeticTask(num_digits=(lo, hi), ops="+", digit_decay=1.0).sample(
+      np.random.default_rng(1), 30) == uniform.sample(np.random.default_rng(1), 30)
+  with pytest.raises(ValueError, match="digit_decay"):
+    arithmetic.ArithmeticTask(digit_decay=0.0)

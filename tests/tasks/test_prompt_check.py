@@ -184,6 +184,12 @@ def test_run_metrics_report_the_skipped_rows():
     def take_fresh_rewards(self):
       return np.zeros(0, np.float32)
 
+    def env_metrics(self):
+      return {}  # a single-turn task
+
+    def env_counts(self):
+      return {}
+
   c = base_config()
   metrics = metrics_row.RunMetrics.from_config(
       c, ReplayBuffer(8), accounting.ComputeAccountant(1, 1), Task(), Intake(), SimState(),

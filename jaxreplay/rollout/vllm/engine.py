@@ -38,6 +38,10 @@ from a directory with config.json only (vLLM `load_format="dummy"`) and must loa
 its first request.
 `generate` and `load_weights` hold one lock, so no request straddles a refresh, and every Group
 carries the version of the weights that generated it.
+
+Multi-turn trajectories (`rollout.multiturn`) reach an engine as one `generate` per turn with each
+conversation so far as the prompt; prefix caching is on (`enable_prefix_caching`, vLLM's default,
+set explicitly), so a turn prefills only its new observation, and a refresh resets the cache.
 """
 from __future__ import annotations
 
@@ -244,6 +248,7 @@ class VllmEngine:
                   enforce_eager=enforce_eager, logprobs_mode=logprobs_mode,
                   max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
                   use_tqdm_on_load=False, worker_extension_cls=WORKER_EXTENSION,
+                  enable_prefix_caching=True,  # multi-turn: each turn re-sends the conversation
                   weight_transfer_config=WeightTransferConfig(backend=SHM_BACKEND))
     if weights_pending:
       kwargs["load_format"] = "dummy"

@@ -21,8 +21,9 @@ class AsyncScheduler(Schedule):
   Pool threads take requests from the intake, generate with the newest weights they have loaded,
   and deliver scored rollouts into the buffer; this loop trains whenever the buffer can serve a
   batch and hands every newly published `Weights` to the pool (workers load it between requests,
-  so no request straddles two versions). It stops when `hooks.done()`, when `stop` is set, or when
-  the pool fails (its error is re-raised here).
+  so no request straddles two versions; with partial rollouts, `partial_chunk_tokens` > 0, between
+  chunks of requests, which continue under the new weights: `rollout.partial`). It stops when
+  `hooks.done()`, when `stop` is set, or when the pool fails (its error is re-raised here).
 
   Args:
     make_worker: (index, weights) -> a new worker (called again to replace a dead one).
@@ -35,6 +36,7 @@ class AsyncScheduler(Schedule):
       the workers): each step's rollouts and each engine evaluation's results are sent on this
       `step_channel.StepChannel` to the other processes (`FollowerScheduler`), which take the
       same steps. None: one trainer process.
+    partial_chunk_tokens: rollout.partial="continue": the pool's chunk (`WorkerPool`); 0: off.
   """
 
   kind = "async"
@@ -59,18 +61,22 @@ class AsyncScheduler(Schedule):
         return FollowerScheduler(channel, job_parallelism=c.rollout.num_workers)
     ray = c.rollout.get("placement", "local") == "ray"  # Ray's restarts cap the pool's too
     rollouts = parts.generation.rollouts
+    partial = c.rollout.get("partial", "off") == "continue"
     scheduler = cls(rollouts.make_worker, c.rollout.num_workers,
                     requests_per_call=rollouts.requests_per_call, channel=channel,
-                    max_restarts=c.rollout.ray_max_restarts if ray else 5)
+                    max_restarts=c.rollout.ray_max_restarts if ray else 5,
+                    partial_chunk_tokens=c.rollout.partial_chunk_tokens if partial else 0)
     parts.telemetry.metrics.pool_metrics = scheduler.pool_metrics
     return scheduler
 
   def __init__(self, make_worker: MakeWorker, num_workers: int, poll_seconds: float = 0.01,
-               requests_per_call: int = 1, channel=None, max_restarts: int = 5):
+               requests_per_call: int = 1, channel=None, max_restarts: int = 5,
+               partial_chunk_tokens: int = 0):
     self.channel = channel
     self._aborted = False  # the followers were told that process 0 stops
     self.max_restarts = int(max_restarts)
     self.requests_per_call = requests_per_call
+    self.partial_chunk_tokens = int(partial_chunk_tokens)
     self.make_worker = make_worker
     self.num_workers = num_workers
     self.poll_seconds = poll_seconds
@@ -79,14 +85,22 @@ class AsyncScheduler(Schedule):
     self.pool: Optional[WorkerPool] = None
 
   def pool_metrics(self) -> dict[str, float]:
-    """The pool's counters as metrics ("pool/restarts", ...); {} before the pool starts."""
+    """The pool's counters as metrics ("pool/restarts", ...), the trainer's wait for rollouts
+    (time/trainer_wait_s) and, with partial rollouts, rollout/partial_continued (sequences
+    continued across a weight refresh) and rollout/versions_per_rollout_mean (distinct policy
+    versions per delivered rollout); {} before the pool starts."""
     if self.pool is None:
       return {}
     m = self.pool.metrics()
     keys = ("requests", "calls", "completions", "tokens", "restarts", "failed_starts", "dropped",
             "refreshes", "refresh_seconds", "deferred_refreshes", "superseded_loads",
             "generate_seconds", "tokens_per_second", "live_threads")
-    return {f"pool/{k}": float(m[k]) for k in keys}
+    out = {f"pool/{k}": float(m[k]) for k in keys}
+    out["time/trainer_wait_s"] = float(self.wait_seconds)
+    if self.partial_chunk_tokens:
+      out["rollout/partial_continued"] = float(m["continued"])
+      out["rollout/versions_per_rollout_mean"] = float(m["versions_per_rollout_mean"])
+    return out
 
   @property
   def job_parallelism(self) -> int:
@@ -109,7 +123,8 @@ class AsyncScheduler(Schedule):
                            initial_weights=hooks.latest_weights(), on_drop=intake.dropped,
                            prepare=lambda d: intake.score(d.batch, d.groups),
                            requests_per_call=self.requests_per_call,
-                           max_restarts=self.max_restarts)
+                           max_restarts=self.max_restarts,
+                           partial_chunk_tokens=self.partial_chunk_tokens)
     self.pool.start()
     return self.pool
 

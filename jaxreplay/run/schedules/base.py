@@ -12,8 +12,9 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 from absl import logging
 import numpy as np
 
+from jaxreplay.rollout import multiturn
 from jaxreplay.rollout.base import (Completion, Group, PromptBatch, RolloutWorker, SamplingParams,
-                                    Weights)
+                                    Weights, generate_request)
 
 MakeWorker = Callable[[int, Weights], RolloutWorker]  # (worker index, weights) -> a new worker
 Job = Callable[[RolloutWorker], Any]  # runs on one worker between two requests
@@ -146,14 +147,16 @@ class SimState:
 
 
 class GenerationCost:
-  """Virtual device-seconds of generating groups: a prefill part per rollout, a decode part per token.
+  """Virtual device-seconds of generating groups: a prefill part per turn, a decode part per token.
 
     seconds = g * (prefill_fraction * n + (1 - prefill_fraction) * tokens / L)
-  for n rollouts holding `tokens` generated tokens in all; g = `seconds_per_rollout` is the cost of a
-  rollout of the reference length L, so B rollouts of length L cost mu training steps when
+  for n prefills (one per rollout; a multi-turn trajectory prefills its prompt and then each
+  observation: one per policy turn) and `tokens` tokens the policy generated in all (a
+  trajectory's observations are prefilled, not generated); g = `seconds_per_rollout` is the cost of
+  a rollout of the reference length L, so B rollouts of length L cost mu training steps when
   g = mu * train_seconds_per_step / B. L is `state.reference_tokens`; when it is 0 (not given) the
-  first call sets it to the mean completion length of its groups (saved with the clock, so a resumed
-  run keeps it).
+  first call sets it to the mean generated tokens per rollout of its groups (saved with the clock,
+  so a resumed run keeps it).
   """
 
   def __init__(self, seconds_per_rollout: float, prefill_fraction: float, state: SimState):
@@ -166,27 +169,39 @@ class GenerationCost:
         float(seconds_per_rollout), float(prefill_fraction), state)
 
   def __call__(self, groups: list[Group]) -> float:
-    n = sum(len(g.completions) for g in groups)
-    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+    rollouts = sum(len(g.completions) for g in groups)
+    n = sum(c.num_turns for g in groups for c in g.completions)
+    tokens = sum(c.policy_tokens for g in groups for c in g.completions)
     if self.state.reference_tokens <= 0:
-      self.state.reference_tokens = max(tokens / max(n, 1), 1.0)
+      self.state.reference_tokens = max(tokens / max(rollouts, 1), 1.0)
     f = self.prefill_fraction
     return self.seconds_per_rollout * (f * n + (1.0 - f) * tokens / self.state.reference_tokens)
 
 
 def encode_group(group: Group) -> dict[str, Any]:
-  """A `Group` as checkpoint host state (numpy arrays, ints, strings)."""
-  return {"prompt_tokens": np.asarray(group.prompt_tokens),
-          "tokens": [np.asarray(c.tokens) for c in group.completions],
-          "logprobs": [np.asarray(c.logprobs) for c in group.completions],
-          "finish_reasons": [str(c.finish_reason) for c in group.completions],
-          "policy_version": int(group.policy_version), "prompt_index": int(group.prompt_index)}
+  """A `Group` as checkpoint host state (numpy arrays, ints, strings); multi-turn trajectories
+  also keep their masks, turn starts and episodes."""
+  state = {"prompt_tokens": np.asarray(group.prompt_tokens),
+           "tokens": [np.asarray(c.tokens) for c in group.completions],
+           "logprobs": [np.asarray(c.logprobs) for c in group.completions],
+           "finish_reasons": [str(c.finish_reason) for c in group.completions],
+           "policy_version": int(group.policy_version), "prompt_index": int(group.prompt_index)}
+  if any(c.episode is not None for c in group.completions):
+    state["masks"] = [np.asarray(c.mask) for c in group.completions]
+    state["turn_starts"] = [np.asarray(c.turn_starts) for c in group.completions]
+    state["episodes"] = [c.episode.to_dict() for c in group.completions]
+  return state
 
 
 def decode_group(state: dict[str, Any]) -> Group:
   """Inverse of `encode_group`."""
   completions = [Completion(np.asarray(t), np.asarray(lp), str(f)) for t, lp, f in
                  zip(state["tokens"], state["logprobs"], state["finish_reasons"])]
+  if "episodes" in state:
+    completions = [dataclasses.replace(c, mask=np.asarray(m), turn_starts=np.asarray(ts),
+                                       episode=multiturn.EpisodeInfo(**e))
+                   for c, m, ts, e in zip(completions, state["masks"], state["turn_starts"],
+                                          state["episodes"])]
   return Group(np.asarray(state["prompt_tokens"]), completions, int(state["policy_version"]),
                int(state["prompt_index"]))
 
@@ -299,7 +314,7 @@ class LocalWorker:
       groups, seconds = self._generate_ahead(hooks, worker, batch, weights.version)
     else:
       t0 = time.perf_counter()
-      groups = worker.generate(batch.prompts, batch.n, batch.sampling)
+      groups = generate_request(worker, batch.prompts, batch.n, batch.sampling, batch.episodes)
       seconds = time.perf_counter() - t0
     hooks.generated(groups, seconds)
     return groups
@@ -315,6 +330,10 @@ class LocalWorker:
     if waiting is not None:
       self._ahead[number] = waiting
     self.discard()
+    if batch.episodes is not None:
+      raise TypeError(f"scheduler.generation_batch={self.generation_batch} generates requests "
+                      "ahead in one call, which multi-turn tasks (environments) do not: set "
+                      "scheduler.generation_batch=1")
     if not hasattr(worker, "generate_requests"):
       raise TypeError(f"scheduler.generation_batch={self.generation_batch} needs a rollout worker "
                       f"with generate_requests (the JAX sampler); {type(worker).__name__} has "

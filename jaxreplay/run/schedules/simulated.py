@@ -8,6 +8,7 @@ from typing import Any, Optional
 from absl import logging
 import numpy as np
 
+from jaxreplay.config import validation
 from jaxreplay.run import accounting
 from jaxreplay.run.schedules.base import (GenerationCost, Hooks, LocalWorker, MakeWorker, SimState,
                                           _LocalJobs, decode_group, encode_group, virtual_costs)
@@ -192,5 +193,7 @@ def resolve_generation_batch(config) -> int:
   k = int(config.scheduler.get("generation_batch", 1))
   if k:
     return k
+  if validation.multiturn(config):  # trajectories are generated one request at a time
+    return 1
   request = config.rollout.prompts_per_request * config.rollout.group_size
   return math.lcm(request, config.rollout.sampler_batch_size) // request

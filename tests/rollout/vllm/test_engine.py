@@ -1,6 +1,7 @@
 """Tests of the vLLM backend against the JAX model: its log-probs are those of the JAX forward (also
-after a weight refresh through FilePublisher), sampling filters follow the "processed" semantics,
-and the engine in its own process generates and reports its death."""
+after a weight refresh through FilePublisher, and for requests continued across one by a partial
+pool), sampling filters follow the "processed" semantics, and the engine in its own process
+generates and reports its death."""
 import os
 import signal
 import subprocess
@@ -184,6 +185,84 @@ def test_load_weights_switches_to_new_params(setup):
   groups = engine.generate(PROMPTS, 2, sampling)
   assert all(g.policy_version == 2 for g in groups)
   assert logprob_diffs(groups, params[0]).max() < 1e-3
+
+
+class _SharedEngine:
+  """The module's engine as a pool worker: records each call's contexts, runs `after(calls)`
+  after each call, and is not closed by the pool (the other tests use it)."""
+
+  def __init__(self, engine, after):
+    self.engine, self.after, self.calls = engine, after, []
+
+  def __getattr__(self, name):
+    return getattr(self.engine, name)
+
+  def generate(self, prompts, n, sampling):
+    self.calls.append(([np.asarray(p).copy() for p in prompts], self.engine.policy_version))
+    out = self.engine.generate(prompts, n, sampling)
+    self.after(len(self.calls))
+    return out
+
+  def close(self):
+    pass
+
+
+def test_requests_continue_across_a_refresh_in_a_partial_pool(setup):
+  """rollout.partial="continue" on vLLM: a pool advances the requests by chunks of 4 tokens and a
+  refresh after the second chunk continues them under the new weights, each chunk a new request
+  whose prompt is the original prompt + the tokens so far (nothing regenerated); each token's
+  log-prob is the JAX forward's under the version that sampled it, given the whole context (the
+  prefix recomputed by the new weights: the refresh reset the prefix cache)."""
+  from jaxreplay.rollout.pool import PromptBatch, WorkerPool  # pylint: disable=g-import-not-at-top
+  from tests.helpers.pool_fakes import Recorder  # pylint: disable=g-import-not-at-top
+  engine, params, publisher = setup
+  old = publish_next(publisher, params[0])
+  engine.load_weights(Weights(publisher.latest.version, hf_dir=old))
+  v_old = engine.policy_version
+  new = Weights(v_old + 1, hf_dir=publish_next(publisher, params[1]))
+  sampling = SamplingParams(max_tokens=16)
+  sent, rec, pool = [], Recorder(), None
+
+  def source(i):
+    if sent:
+      return None
+    sent.append(i)
+    return PromptBatch(PROMPTS[:2], 3, sampling, meta=0)
+
+  def refresh_after_two_chunks(calls):
+    if calls == 2:
+      pool.refresh(new)
+
+  worker = _SharedEngine(engine, refresh_after_two_chunks)
+  pool = WorkerPool(lambda i: worker, 1, source, rec.sink,
+                    initial_weights=Weights(v_old, hf_dir=old), partial_chunk_tokens=4)
+  pool.start()
+  try:
+    rec.wait_for(lambda ds: len(ds) >= 1, timeout=300)
+    pool.raise_if_failed()
+  finally:
+    pool.stop(30)
+  (d,) = rec.deliveries
+  assert d.policy_version == v_old and engine.policy_version == v_old + 1
+  assert [v for _, v in worker.calls[:3]] == [v_old, v_old, v_old + 1]
+  pairs = pairs_of(d.groups)
+  crossed = 0
+  for j, (g, c) in enumerate(pairs):
+    want = np.where(np.arange(len(c.tokens)) < 8, v_old, v_old + 1)
+    np.testing.assert_array_equal(c.versions, want)
+    crossed += len(c.tokens) > 8
+    for k, (contexts, _) in enumerate(worker.calls):
+      in_flight = [i for i, (_, cc) in enumerate(pairs) if len(cc.tokens) > 4 * k]
+      if j in in_flight:  # its context at call k: the prompt and exactly the tokens so far
+        np.testing.assert_array_equal(contexts[in_flight.index(j)],
+                                      np.r_[g.prompt_tokens, c.tokens[:4 * k]])
+  assert crossed >= 4  # most of the 6 sequences ran past the refresh
+  by_version = {v_old: jax_logprobs_many(params[0], pairs),
+                v_old + 1: jax_logprobs_many(params[1], pairs)}
+  for i, (_, c) in enumerate(pairs):
+    for v, refs in by_version.items():
+      mine = c.versions == v
+      assert np.abs(c.logprobs[mine] - refs[i][mine]).max(initial=0.0) < 1e-3, (i, v)
 
 
 def test_bad_inputs_raise_clear_errors(setup, tmp_path):

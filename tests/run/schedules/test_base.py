@@ -24,6 +24,42 @@ def test_generation_cost_follows_tokens_and_calibrates_on_the_first_request():
     GenerationCost(1.0, 1.0, state)
 
 
+def _trajectory(turns, observation):
+  """A multi-turn completion: `turns` policy turns of 4 tokens, `observation` tokens between."""
+  from jaxreplay.rollout import multiturn  # pylint: disable=g-import-not-at-top
+  mask = ([0.0] * observation + [1.0] * 4) * turns
+  mask = np.asarray(mask[observation:], np.float32)
+  starts = np.flatnonzero(np.diff(np.r_[0.0, mask]) > 0).astype(np.int32)
+  return Completion(np.arange(len(mask), dtype=np.int32) + 3, np.where(mask > 0, -0.5, 0.0)
+                    .astype(np.float32), "stop", mask=mask, turn_starts=starts,
+                    episode=multiturn.EpisodeInfo(1.0, "stop", turns, tool_calls=turns - 1))
+
+
+def test_generation_cost_of_multi_turn_requests():
+  """A trajectory costs one prefill per policy turn and only the tokens the policy generated (its
+  observations are prefilled, not generated)."""
+  state = SimState(reference_tokens=4.0)
+  cost = GenerationCost(2.0, 0.25, state)
+  three = Group(np.ones(3, np.int32), [_trajectory(3, 5)], 0)   # 12 policy tokens, 3 turns
+  assert three.completions[0].policy_tokens == 12 and three.completions[0].num_turns == 3
+  # 2 * (0.25 * 3 + 0.75 * 12 / 4) = 6.0; the 10 observation tokens cost nothing extra
+  assert cost([three]) == pytest.approx(6.0)
+  one = Group(np.ones(3, np.int32), [Completion(np.zeros(12, np.int32),
+                                                np.zeros(12, np.float32), "stop")], 0)
+  assert cost([one]) == pytest.approx(2.0 * (0.25 + 0.75 * 3))  # one prefill, same tokens
+
+
+def test_multi_turn_groups_survive_the_checkpoint_encoding():
+  from jaxreplay.run.schedules import base  # pylint: disable=g-import-not-at-top
+  group = Group(np.ones(3, np.int32), [_trajectory(2, 3), _trajectory(3, 2)], 4, prompt_index=1)
+  back = base.decode_group(base.encode_group(group))
+  assert back.policy_version == 4 and back.prompt_index == 1
+  for a, b in zip(back.completions, group.completions):
+    for field in ("tokens", "logprobs", "mask", "turn_starts"):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert a.episode == b.episode and a.finish_reason == b.finish_reason
+
+
 def test_local_worker_runs_jobs_at_the_given_weights_then_rollouts_at_the_newest():
   log = []
   hooks = FakeHooks(batch=2, total=2)

@@ -219,8 +219,13 @@ def test_generation_batch_auto_and_errors():
   from jaxreplay.run.schedules import base, simulated as simulated_lib  # pylint: disable=g-import-not-at-top
   c = ml_collections.ConfigDict({
       "rollout": {"prompts_per_request": 1, "group_size": 8, "sampler_batch_size": 32},
-      "scheduler": {"generation_batch": 0}})
+      "scheduler": {"generation_batch": 0}, "task": {"name": "scratchpad", "env_fn": ""}})
   assert simulated_lib.resolve_generation_batch(c) == 4  # 4 x 8 rows fill one batch of 32
+  c.task.name = "calculator"
+  assert simulated_lib.resolve_generation_batch(c) == 1  # multi-turn: one request at a time
+  c.task.name, c.task.env_fn = "scratchpad", "tests.helpers.env_plugins:countdown"
+  assert simulated_lib.resolve_generation_batch(c) == 1
+  c.task.env_fn = ""
   c.rollout.group_size = 48
   assert simulated_lib.resolve_generation_batch(c) == 2  # 96 rows: 3 full batches
   c.rollout.group_size = 64
