@@ -134,7 +134,7 @@ def task_errors(t) -> list[str]:
     errors.append(f"task.digit_decay={decay!r} must be a number > 0 (1 = operand digit counts "
                   "uniform, < 1 a geometric tail of long problems)")
   elif decay != 1.0 and t.name not in DIGIT_DECAY_TASKS:
-    errors.append(f"task.digit_decay={decay} is read by the tasks {DIGIT_DECAY_TASKS} only "
+    errors.append(f"task.digit_decay={decay} is read by the procedural tasks {DIGIT_DECAY_TASKS} only "
                   f"(task.name={t.name!r}); leave it at 1.0")
   if not 0.0 <= t.max_skip_fraction <= 1.0:
     errors.append(f"task.max_skip_fraction={t.max_skip_fraction} must be in [0, 1] (the "
