@@ -148,7 +148,7 @@ def resolve(name: str) -> str:
   ranked = sorted((b.auto_rank, b.name) for b in BACKENDS.values() if b.auto_rank is not None)
   for _, candidate in ranked:
     if BACKENDS[candidate].installed():
-      logging.info("rollout.backend=auto -> %s", candidate)
+      logging.debug("rollout.backend=auto -> %s", candidate)  # the launcher's banner says it
       return candidate
   raise ValueError(f"rollout.backend='auto': none of {[n for _, n in ranked]} is installed")
 
