@@ -121,30 +121,24 @@ def check(config, workdir, dry_run: bool):
   """Every check before a side effect, in the order that lets each one trust the ones before:
   the workdir, the counts the device split reads, the devices (this process's environment set for
   JAX, which is not started), the config's validation, the mesh and batch rules on the planned
-  mesh, a resume's compatibility. Returns the `config.platform.Platform`; exits 2 on a problem."""
+  mesh, a resume's compatibility. Returns the `config.platform.Platform`; raises
+  `validation.ConfigError` or `platform.PlatformError`."""
   from jaxreplay.config import key_rules  # pylint: disable=g-import-not-at-top
   from jaxreplay.config import platform  # pylint: disable=g-import-not-at-top
   from jaxreplay.config import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   errors = workdir_lib.workdir_errors(workdir) if workdir else []
   errors = errors or key_rules.count_errors(config)
   if errors:
-    fail("\n".join(errors))
-  try:
-    plat = platform.prepare(config, dry_run=dry_run)
-  except platform.PlatformError as e:
-    fail(str(e))
+    raise platform.PlatformError("\n".join(errors))
+  plat = platform.prepare(config, dry_run=dry_run)
   from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top  (imports JAX)
   from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
-  try:
-    validation.validate_config(config)
-    mesh = platform.planned_mesh(config, plat, dry_run)
-    errors = memory_plan.batch_rule_errors(config, mesh)
-    if errors:
-      raise validation.ConfigError(errors)
-    if workdir:
-      validation.check_resume(config, workdir)
-  except (validation.ConfigError, platform.PlatformError) as e:
-    fail("\n".join(getattr(e, "errors", [str(e)])))
+  validation.validate_config(config)
+  errors = memory_plan.batch_rule_errors(config, platform.planned_mesh(config, plat, dry_run))
+  if errors:
+    raise validation.ConfigError(errors)
+  if workdir:
+    validation.check_resume(config, workdir)
   return plat
 
 
@@ -182,7 +176,12 @@ def main(argv):
 
 def run(config, workdir, dry_run: bool, stop: safety.StopSignals, log_file) -> None:
   """Checks, then prints the config (--print_config), plans (--dry_run) or runs."""
-  plat = check(config, workdir, dry_run)
+  try:
+    plat = check(config, workdir, dry_run)
+  except ValueError as e:  # validation.ConfigError, platform.PlatformError: the config's problems
+    if _DEBUG.value:
+      raise
+    fail("\n".join(getattr(e, "errors", [str(e)])))
   from jaxreplay.config import resolve  # pylint: disable=g-import-not-at-top
   if _PRINT_CONFIG.value:
     from jaxreplay.config import reference  # pylint: disable=g-import-not-at-top

@@ -7,7 +7,7 @@ and a value that does not parse as an absl usage error. `check(argv)` finds thes
   the config file   `--config` missing, a file that does not exist (with the nearest file of its
                     directory), a file whose get_config() fails
   overrides         each `--config.<key>=<value>`: a key the config does not have, with the nearest
-                    key (difflib over every dotted key, then the same name in another section); a
+                    keys (difflib over every dotted key, the same name in another section); a
                     section given a value; a value that does not parse as the key's type
 
 and raises `CommandLineError` (a ValueError holding the line). `describe(exc, argv)` words an error
@@ -87,8 +87,8 @@ def load(path: str):
     spec.loader.exec_module(module)
     config = module.get_config(*args)
   except Exception as e:  # pylint: disable=broad-except  (the user's file: any error is theirs)
-    raise CommandLineError(f"--config={path}: loading it failed ({type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); fix "
+    text = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+    raise CommandLineError(f"--config={path}: loading it failed ({type(e).__name__}: {text}); fix "
                            "the file (--debug shows the traceback)") from e
   if not isinstance(config, config_dict.ConfigDict):
     raise CommandLineError(f"--config={path}: get_config() returned {type(config).__name__}, not "
@@ -107,21 +107,23 @@ def keys(config, prefix: str = "") -> list[str]:
   return out
 
 
-def nearest_key(key: str, known: list[str]) -> Optional[str]:
-  """The known key `key` most likely meant: the closest spelling, else the same name in another
-  section, else the closest key of its section."""
-  close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+def nearest_keys(key: str, known: list[str]) -> list[str]:
+  """The known keys `key` most likely meant: a near-identical spelling, else every key of that
+  name in another section, else the closest spelling of the key or of its name."""
+  close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
   if close:
-    return close[0]
+    return close
   name = key.rsplit(".", 1)[-1]
   same = [k for k in known if k.rsplit(".", 1)[-1] == name]
   if same:
-    return same[0]
+    return same
+  close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+  if close:
+    return close
   names = difflib.get_close_matches(name, [k.rsplit(".", 1)[-1] for k in known], n=1, cutoff=0.75)
   if names:
-    return next(k for k in known if k.rsplit(".", 1)[-1] == names[0])
-  close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-  return close[0] if close else None
+    return [k for k in known if k.rsplit(".", 1)[-1] == names[0]]
+  return difflib.get_close_matches(key, known, n=1, cutoff=0.5)
 
 
 def _get(config, key: str) -> Any:
@@ -153,8 +155,9 @@ def override_error(config, key: str, value: Optional[str], config_path: str) -> 
   """The problem of one override `--config.<key>=<value>` of `config`, or None."""
   known = keys(config)
   if key not in known:
-    near = nearest_key(key, known)
-    hint = f"did you mean --config.{near}?" if near else "check the spelling"
+    near = nearest_keys(key, known)
+    hint = ("did you mean " + " or ".join(f"--config.{k}" for k in near) + "?" if near
+            else "check the spelling")
     return (f"--config.{key}: {config_path} has no such key; {hint} (`python -m jaxreplay.launch "
             f"--config={config_path} {_PRINT})")
   current = _get(config, key)
@@ -178,11 +181,8 @@ def check(argv: list[str]) -> None:
   problem = config_file_error(path)
   if problem:
     raise CommandLineError(problem)
-  found = overrides(argv)
-  if not found:
-    return
   config = load(path)
-  for _, key, value in found:
+  for _, key, value in overrides(argv):
     problem = override_error(config, key, value, path)
     if problem:
       raise CommandLineError(problem)

@@ -273,7 +273,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()  # orbax checkpoints in WORKDIR/checkpoints (train
                                    # state, buffer, data cursor)
-  c.checkpoint.every = 20          # steps
+  c.checkpoint.every = 20          # steps between checkpoints (and the last step); 0 = only the last
   c.checkpoint.keep = 2            # newest checkpoints kept on disk
   c.export_hf_every = 0            # steps between DIR/hf exports (and the last step); 0 = with
                                    # every checkpoint

@@ -67,6 +67,18 @@ def emulate_host_devices(n: int, environ=None) -> None:
   env["XLA_FLAGS"] = " ".join(flags + [f"{_COUNT_FLAG}={n}"])
 
 
+def cpu_only(environ=None, gpus=None) -> bool:
+  """On a machine without a GPU (`gpus`: the visible ones, probed when None) or TPU, sets
+  JAX_PLATFORMS=cpu unless it is set (JAX then probes no other backend, and logs no failed probe).
+  Returns whether JAX will run on the CPU."""
+  env = os.environ if environ is None else environ
+  gpus = devices_lib.visible_gpus(env) if gpus is None else gpus
+  if gpus or importlib.util.find_spec("libtpu") is not None:
+    return env.get("JAX_PLATFORMS", "") == "cpu"
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  return env["JAX_PLATFORMS"] == "cpu"
+
+
 def prepare(config, dry_run: bool = False, environ=None, visible=None) -> Platform:
   """Sets the environment for the trainer's JAX (see the module docstring); `PlatformError` when
   this machine's devices cannot hold the config. `visible` replaces the probed GPUs (tests)."""
@@ -77,8 +89,7 @@ def prepare(config, dry_run: bool = False, environ=None, visible=None) -> Platfo
     raise PlatformError(str(e)) from None
   if split is not None:
     return Platform("gpu", len(split.trainer), split)
-  if "JAX_PLATFORMS" not in env and importlib.util.find_spec("libtpu") is None:
-    env["JAX_PLATFORMS"] = "cpu"
+  cpu_only(env, gpus=())
   t = int(config.trainer.num_devices)
   if dry_run and host_device_count(env) < t:
     emulate_host_devices(t, env)
