@@ -11,6 +11,8 @@ Pages are written to read right on GitHub too; this file maps them onto the site
   cannot resolve stays as written, so `mkdocs build --strict` fails on it.
 - Reserved pages (`RESERVED`): pages other branches write. While one is absent its nav entry is
   dropped and links to it become plain text; once it exists it is built like any page.
+- Lists and tables after a paragraph, and lists nested by 2 spaces, are read as GitHub reads them
+  (`gfm_blocks`).
 - Stale paths: every code span that names a repository path (`configs/tiny.py`,
   `jaxreplay/run/pipeline.py`, `tests/x.py::test`) or a `jaxreplay.` module must exist, else a
   warning (an error under --strict). tests/test_docs.py runs the same check over README.md.
@@ -176,6 +178,31 @@ def shift_headings(markdown: str, levels: int) -> str:
       for is_code, text in split_code(markdown))
 
 
+def gfm_blocks(markdown: str) -> str:
+  """Lists and tables as GitHub reads them: Python-Markdown needs a blank line before a list or a
+  table that follows a paragraph, and 4 spaces to nest a list item (GitHub takes 2)."""
+
+  def one(text: str) -> str:
+    out = []
+    for line in text.split("\n"):
+      previous = out[-1] if out else ""
+      item = re.match(r"^([-*+]|\d+\.) ", line)
+      if re.match(r"^  ([-*+]|\d+\.) ", line):
+        line = "  " + line
+      elif previous.strip() and not previous.startswith((" ", "\t")) and (
+          (item and not re.match(r"^([-*+]|\d+\.) ", previous)) or
+          (line.startswith("|") and not previous.startswith("|"))):
+        out.append("")
+      out.append(line)
+    return "\n".join(out)
+
+  pieces, last = [], 0
+  for fence in _FENCE.finditer(markdown):
+    pieces += [one(markdown[last:fence.start()]), fence.group(0)]
+    last = fence.end()
+  return "".join(pieces + [one(markdown[last:])])
+
+
 def expand_includes(markdown: str, source: str, page: str, root: str = ROOT) -> str:
   """Include regions of `markdown` (held by `source`) replaced by their files, links mapped."""
 
@@ -223,7 +250,7 @@ def on_files(files, config):
 def on_page_markdown(markdown, page, config, files):
   source = f"{DOCS}/{page.file.src_uri}"
   markdown = expand_includes(markdown, source, page.file.src_uri)
-  markdown = rewrite_links(markdown, source, page.file.src_uri)
+  markdown = gfm_blocks(rewrite_links(markdown, source, page.file.src_uri))
   for token in missing_paths(markdown):
     log.warning("%s: `%s` names no file or module of the repository (stale path?)",
                 page.file.src_uri, token)
