@@ -2,6 +2,9 @@
 
   python -m jaxreplay.launch --config=configs/llama3_2_3b.py --workdir=runs/l32_3b \
       --config.model.path=/models/Llama-3.2-3B-Instruct --config.task.path=/data/math.jsonl
+
+Fits an H100 80GB at (W, T) = (5, 3) by XLA's own count (`--dry_run --compile_for=h100`;
+bench/gpu_compile.py) with nothing traded.
 """
 from jaxreplay.config.defaults import gpu_math_config
 

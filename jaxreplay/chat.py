@@ -126,9 +126,11 @@ def fail(message: str) -> None:
 
 
 def main(argv):
-  from jaxreplay.config import platform  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import devices  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import host_devices  # pylint: disable=g-import-not-at-top
   from jaxreplay.infra import console_log  # pylint: disable=g-import-not-at-top
-  platform.cpu_only()  # before JAX starts: no TPU probe on a CPU machine
+  # before JAX starts: on a machine without a GPU, no TPU / CUDA probe and none of its log lines
+  host_devices.cpu_environment(gpus_visible=bool(devices.visible_gpus()))
   console_log.setup()
   if len(argv) > 1:
     fail(f"unexpected arguments {argv[1:]}; give prompts with --prompt=TEXT or on standard input")

@@ -8,6 +8,9 @@ Before anything is created (the workdir, its lock) or JAX starts, the command li
 the workdir and the devices are checked; a problem is one line, `error: <what>; <the fix>`, and
 exit status 2 (`--debug` shows a traceback instead). `--dry_run` checks the same and prints the
 per-device memory plan (a CPU machine emulates the config's trainer devices for it).
+`--dry_run --compile_for=h100` (any target of `jaxreplay.config.gpu_targets`) also compiles every
+program the run runs on its trainer GPUs for that GPU, without one (`run.gpu_compile`; needs
+`pip install -e '.[gpu-compile]'`), and judges the fit by XLA's own per-device peak.
 
 The console shows what starts (config, model, devices, backends), each evaluation, progress lines
 with an ETA and a summary at the end; WORKDIR/run.log keeps every log record in absl's format.
@@ -37,6 +40,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from jaxreplay.config import command_line
+from jaxreplay.config import gpu_targets
 from jaxreplay.infra import console_log
 from jaxreplay.infra import safety
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -58,6 +62,12 @@ _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Build the run abstractly (no weights read, no engines started), print the "
     "per-device memory plan and the device split, write WORKDIR/plan.json; exit 3 when it does not "
     "fit the device memory (devices.memory_gib on machines without a GPU).")
+_COMPILE_FOR = flags.DEFINE_enum(
+    "compile_for", None, gpu_targets.names(), "With --dry_run (implied): compile every program "
+    "the run runs on its trainer GPUs for this GPU, deviceless (JAX's CUDA plugin: pip install -e "
+    "'.[gpu-compile]'); plan.json gains XLA's per-program memory, the collectives and the step "
+    "time, and the fit check uses XLA's largest peak against devices.memory_fraction x the GPU's "
+    "memory.")
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (every key, its value and its meaning) and "
     "exit; --workdir is not needed.")
@@ -66,7 +76,7 @@ _DEBUG = flags.DEFINE_bool(
     "with absl's prefix.")
 
 _HELP = ("--help", "-help", "-h", "-?", "--helpshort")
-_MAIN_FLAGS = ("config", "workdir", "dry_run", "print_config", "debug", "process_id",
+_MAIN_FLAGS = ("config", "workdir", "dry_run", "compile_for", "print_config", "debug", "process_id",
                "num_processes", "coordinator_address")
 LOG_NAME = "run.log"
 
@@ -117,20 +127,24 @@ def parse_flags(argv: list[str]) -> list[str]:
   return []
 
 
-def check(config, workdir, dry_run: bool):
+def check(config, workdir, dry_run: bool, compile_for=None):
   """Every check before a side effect, in the order that lets each one trust the ones before:
-  the workdir, the counts the device split reads, the devices (this process's environment set for
-  JAX, which is not started), the config's validation, the mesh and batch rules on the planned
-  mesh, a resume's compatibility. Returns the `config.platform.Platform`; raises
-  `validation.ConfigError` or `platform.PlatformError`."""
+  the workdir, the counts the device split reads, --compile_for's plugin, the devices (this
+  process's environment set for JAX, which is not started), the config's validation, the mesh and
+  batch rules on the planned mesh, a resume's compatibility. Returns the
+  `config.platform.Platform`; raises `validation.ConfigError` or `platform.PlatformError`."""
+  from jaxreplay.config import host_devices  # pylint: disable=g-import-not-at-top
   from jaxreplay.config import key_rules  # pylint: disable=g-import-not-at-top
   from jaxreplay.config import platform  # pylint: disable=g-import-not-at-top
   from jaxreplay.config import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   errors = workdir_lib.workdir_errors(workdir) if workdir else []
   errors = errors or key_rules.count_errors(config)
+  if compile_for and not host_devices.cuda_plugin_installed():
+    errors.append(f"--compile_for={compile_for} needs JAX's CUDA plugin (no GPU needed); "
+                  "pip install -e '.[gpu-compile]'")
   if errors:
     raise platform.PlatformError("\n".join(errors))
-  plat = platform.prepare(config, dry_run=dry_run)
+  plat = platform.prepare(config, dry_run=dry_run, compile_for=compile_for)
   from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top  (imports JAX)
   from jaxreplay.config import validation  # pylint: disable=g-import-not-at-top
   validation.validate_config(config)
@@ -159,7 +173,7 @@ def main(argv):
   if len(argv) > 1:
     fail(f"unexpected arguments {argv[1:]}; flags take the form --name=value")
   log_file = console_log.setup(debug=_DEBUG.value)
-  config, dry_run = _CONFIG.value, _DRY_RUN.value
+  config, dry_run = _CONFIG.value, _DRY_RUN.value or _COMPILE_FOR.value is not None
   workdir = os.path.abspath(os.path.expanduser(_WORKDIR.value)) if _WORKDIR.value else None
   if workdir is None and not _PRINT_CONFIG.value:
     fail("--workdir is missing; give the run directory, e.g. --workdir=runs/tiny (a rerun "
@@ -177,7 +191,7 @@ def main(argv):
 def run(config, workdir, dry_run: bool, stop: safety.StopSignals, log_file) -> None:
   """Checks, then prints the config (--print_config), plans (--dry_run) or runs."""
   try:
-    plat = check(config, workdir, dry_run)
+    plat = check(config, workdir, dry_run, _COMPILE_FOR.value)
   except ValueError as e:  # validation.ConfigError, platform.PlatformError: the config's problems
     if _DEBUG.value:
       raise
@@ -196,7 +210,11 @@ def run(config, workdir, dry_run: bool, stop: safety.StopSignals, log_file) -> N
   if dry_run:
     from jaxreplay.config import memory_plan  # pylint: disable=g-import-not-at-top
     try:
-      memory_plan.dry_run(resolve.resolve(config), workdir, plat.split)
+      if _COMPILE_FOR.value:
+        from jaxreplay.run import gpu_compile  # pylint: disable=g-import-not-at-top
+        gpu_compile.dry_run(resolve.resolve(config), workdir, _COMPILE_FOR.value, plat.split)
+      else:
+        memory_plan.dry_run(resolve.resolve(config), workdir, plat.split)
     except memory_plan.DoesNotFit as e:
       logging.error("DoesNotFit: %s", e)
       console_log.flush()

@@ -19,8 +19,10 @@ libcuda in a short subprocess: this process must not initialise CUDA before its
 CUDA_VISIBLE_DEVICES is set), else nvidia-smi's count. A container given /dev/nvidia3 and
 /dev/nvidia5 sees CUDA devices 0 and 1, which is what these return (never the /dev/nvidiaN numbers).
 
-`check_one_cuda_major` refuses an environment holding both CUDA-12 and CUDA-13 NVIDIA pip packages
-(their cuDNN / NCCL wheels overwrite each other's files: JAX or torch would load the other's build).
+`check_one_cuda_major` refuses an environment whose colliding NVIDIA libraries (`LIBRARY_PACKAGES`:
+cuDNN, NCCL, NVSHMEM, cuBLAS, the CUDA runtime, ...) come in both CUDA 12 and 13 (their wheels
+overwrite each other's files: JAX or torch would load the other's build); other `-cu12` packages
+(nvidia-cutlass-dsl-libs-cu12, which vLLM's gpu extra pulls in) do not count.
 
 This module imports no JAX (it runs before JAX picks its devices).
 """
@@ -153,39 +155,62 @@ def visible_gpus(environ: Optional[dict] = None, probe=None, smi_count=None,
   return tuple(str(i) for i in range(count or 0))
 
 
-# Distribution-name patterns of CUDA-major-specific packages (pip names, normalised to lower case
-# with "-"): the -cuNN suffix of NVIDIA's wheels, JAX's CUDA plugins.
-_CUDA_SUFFIX = re.compile(r".*-cu(\d+)")
-_JAX_CUDA = re.compile(r"jax-cuda(\d+)-(plugin|pjrt)")
-# CUDA 13's unsuffixed runtime wheels (cuda-toolkit 13: nvidia-cuda-runtime 13.x, ...): their major
-# is the version's first number.
-_UNSUFFIXED = ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cublas", "nvidia-cuda-cupti")
+# The NVIDIA pip packages whose shared libraries collide when two CUDA majors are installed, one
+# row per library family: (family, distribution-name pattern, where the major comes from).
+# "suffix": the -cuNN suffix (CUDA 12 and 13 wheels of cuDNN, NCCL, NVSHMEM, cuSPARSELt install
+# the same files, e.g. nvidia/cudnn/lib/libcudnn.so.9); "suffix or version": CUDA 12's -cu12
+# wheels, or CUDA 13's unsuffixed ones whose version starts with the major (nvidia-cublas 13.x,
+# nvidia-cuda-runtime 13.x, ...; JAX's plugin loads both majors' copies when both are present).
+# JAX's CUDA plugin decides which major JAX loads. Packages of other families (e.g.
+# nvidia-cutlass-dsl-libs-cu12, vLLM's kernel DSL: its own libraries, none of these) never count.
+LIBRARY_PACKAGES: tuple[tuple[str, str, str], ...] = (
+    ("cuDNN", r"nvidia-cudnn-cu(\d+)", "suffix"),
+    ("NCCL", r"nvidia-nccl-cu(\d+)", "suffix"),
+    ("NVSHMEM", r"nvidia-nvshmem-cu(\d+)", "suffix"),
+    ("cuSPARSELt", r"nvidia-cusparselt-cu(\d+)", "suffix"),
+    ("cuBLAS", r"nvidia-cublas(?:-cu(\d+))?", "suffix or version"),
+    ("CUDA runtime", r"nvidia-cuda-runtime(?:-cu(\d+))?", "suffix or version"),
+    ("NVRTC", r"nvidia-cuda-nvrtc(?:-cu(\d+))?", "suffix or version"),
+    ("CUPTI", r"nvidia-cuda-cupti(?:-cu(\d+))?", "suffix or version"),
+    ("JAX CUDA plugin", r"jax-cuda(\d+)-(?:plugin|pjrt)", "suffix"),
+)
+
+
+def library_major(name: str, version: str) -> Optional[tuple[str, int]]:
+  """(library family, CUDA major) of a distribution of `LIBRARY_PACKAGES`, else None."""
+  norm = re.sub(r"[-_.]+", "-", str(name)).lower()
+  for family, pattern, source in LIBRARY_PACKAGES:
+    m = re.fullmatch(pattern, norm)
+    if m is None:
+      continue
+    if m.group(1):
+      return family, int(m.group(1))
+    first = str(version).split(".")[0]
+    if source == "suffix or version" and first.isdigit():
+      return family, int(first)
+  return None
 
 
 def cuda_majors(distributions: Optional[Sequence[tuple[str, str]]] = None) -> dict[int, list[str]]:
-  """{CUDA major: ["name==version", ...]} of the installed NVIDIA / JAX CUDA packages.
-  `distributions` ((name, version) pairs) replaces the installed list (tests)."""
+  """{CUDA major: ["name==version", ...]} of the installed packages of `LIBRARY_PACKAGES` (the
+  libraries that collide). `distributions` ((name, version) pairs) replaces the installed list
+  (tests, a resolved install)."""
   if distributions is None:
     from importlib import metadata  # pylint: disable=g-import-not-at-top
     distributions = [(d.metadata["Name"] or "", d.version) for d in metadata.distributions()]
   majors: dict[int, list[str]] = {}
   for name, version in distributions:
-    norm = re.sub(r"[-_.]+", "-", str(name)).lower()
-    m = _CUDA_SUFFIX.fullmatch(norm) or _JAX_CUDA.fullmatch(norm)
-    if m and (norm.startswith("nvidia-") or norm.startswith("jax-")):
-      major = int(m.group(1))
-    elif norm in _UNSUFFIXED and str(version).split(".")[0].isdigit():
-      major = int(str(version).split(".")[0])
-    else:
-      continue
-    majors.setdefault(major, []).append(f"{name}=={version}")
+    found = library_major(name, version)
+    if found is not None:
+      majors.setdefault(found[1], []).append(f"{name}=={version}")
   return majors
 
 
 def check_one_cuda_major(distributions: Optional[Sequence[tuple[str, str]]] = None,
                          environ: Optional[dict] = None) -> None:
-  """Raises RuntimeError when NVIDIA pip packages of two CUDA majors are installed together
-  (JAXREPLAY_ALLOW_MIXED_CUDA=1 skips the check)."""
+  """Raises RuntimeError when the packages of colliding NVIDIA libraries (`LIBRARY_PACKAGES`)
+  come in two CUDA majors (JAXREPLAY_ALLOW_MIXED_CUDA=1 skips the check). `distributions`:
+  (name, version) pairs instead of the installed ones."""
   env = os.environ if environ is None else environ
   if env.get("JAXREPLAY_ALLOW_MIXED_CUDA", "") == "1":
     return

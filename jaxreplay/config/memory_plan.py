@@ -102,33 +102,48 @@ def batch_rule_errors(c, mesh) -> list[str]:
 
 def activation_bytes(cfg: ModelConfig, rows: int, seq_len: int, chunk: int,
                      flash_attention: bool = False, dense_bias: bool = False) -> int:
-  """Estimated peak activation bytes of one device's micro-batch (`rows` sequences of `seq_len`).
+  """Estimated temporaries of one device's forward + backward over a micro-batch of `rows`
+  sequences of `seq_len` tokens, besides the gradients (the train step's and the diagnostics').
 
-  Per layer: the residual stream saved for the backward [rows, T, D] and the layer's working set in
-  the compute dtype (q, k, v, attention output, two norms' outputs, four [rows, T, F] MLP arrays),
-  plus the f32 attention scores [rows, Hq, T, T] three times (scores, probabilities, their
-  gradient) unless flash attention. With model.remat the stream is kept per layer and one layer's
-  working set exists at a time; without it every layer's is kept. Plus the log-prob chunk's f32
-  logits [rows, chunk, V] three times. Calibrated against XLA's compiled temp bytes on CPU
-  (tests/config/test_memory_plan.py: within 1.5x either way). `dense_bias` (flash attention over packed
-  rows: cuDNN gets the segment mask as an additive bias): the bool mask [rows, T, T] kept for the
-  backward, and one layer's bias and bias gradient [rows, 1, T, T] in the compute dtype.
+  Per row: the residual stream [seq_len, D] kept per layer for the backward (model.remat) and the
+  log-prob chunk's f32 logits [chunk, V]. Fixed: three f32 [V, D] arrays for the vocabulary
+  matmuls (the embedding's scattered gradient, the LM head's gathered weight and its gradient),
+  four with an untied LM head. Without model.remat every layer also keeps its working set in the
+  compute dtype (q, k, v, attention output, two norms' outputs, four [rows, T, F] MLP arrays;
+  cuDNN's dense bias, its gradient and the bool mask of packed rows with `dense_bias`). Without
+  flash attention one layer's f32 scores [rows, Hq, T, T] (three of them) come on top.
+  Calibrated against XLA:GPU's compiled temporaries of the four GPU configs (bf16, remat,
+  packed, cuDNN; bench/gpu_compile.py): 0.6B, 3B and 7B within 5% at 2 to 10 rows per device,
+  8B 17% above what XLA keeps when its memory limit (0.8 x the device memory less the program's
+  arguments) does not bind, its scheduler and rematerialization trading the rest.
   """
   cb = np.dtype(cfg.compute_dtype).itemsize
   tokens = rows * seq_len
   hq, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-  stream = tokens * cfg.hidden_size * cb
-  work = tokens * ((2 * hq + 2 * hkv) * hd + 4 * cfg.intermediate_size + 2 * cfg.hidden_size) * cb
-  mask = 0
-  if not flash_attention:
-    work += 3 * rows * hq * seq_len * seq_len * 4
-  elif dense_bias:
-    work += 2 * rows * seq_len * seq_len * cb  # one layer's bias and bias gradient
-    mask = rows * seq_len * seq_len  # the bool mask, one for every layer
+  d, v = cfg.hidden_size, cfg.vocab_size
+  stream = tokens * d * cb
+  scores = 0 if flash_attention else 3 * rows * hq * seq_len * seq_len * 4
   layers = cfg.num_hidden_layers
-  body = layers * stream + work if cfg.remat else layers * (stream + work)
-  logits = 3 * rows * min(chunk, seq_len) * cfg.vocab_size * 4
-  return int(body + logits + mask)
+  if cfg.remat:
+    body = layers * stream + scores
+  else:
+    work = tokens * ((2 * hq + 2 * hkv) * hd + 4 * cfg.intermediate_size + 2 * d) * cb
+    bias = 2 * rows * seq_len * seq_len * cb + rows * seq_len * seq_len if dense_bias else 0
+    body = layers * (stream + work + bias + scores)
+  logits = rows * min(chunk, seq_len) * v * 4
+  vocab = (3 if cfg.tie_word_embeddings else 4) * d * v * 4
+  return int(body + logits + vocab)
+
+
+def forward_bytes(cfg: ModelConfig, rows: int, seq_len: int, chunk: int) -> int:
+  """Estimated temporaries of a forward pass without gradients over `rows` x `seq_len` tokens
+  (the log-prob function, the update-KL probe): the log-prob chunk's f32 logits [rows, chunk, V]
+  and one layer's stream and MLP activation [rows, T, D + F] in the compute dtype (XLA:GPU of
+  the four GPU configs at 20 rows: within 15%)."""
+  cb = np.dtype(cfg.compute_dtype).itemsize
+  tokens = rows * seq_len
+  return int(rows * min(chunk, seq_len) * cfg.vocab_size * 4
+             + tokens * (cfg.hidden_size + cfg.intermediate_size) * cb)
 
 
 def kv_cache_bytes(cfg: ModelConfig, rows: int, max_len: int) -> int:
@@ -150,8 +165,11 @@ def device_memory_bytes(c) -> Optional[int]:
   return None
 
 
-def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
-  """The memory plan of config `c` (see the module docstring); a JSON-ready dict."""
+def plan(c, devices: Optional[list] = None, device_memory: Optional[int] = None
+         ) -> dict[str, Any]:
+  """The memory plan of config `c` (see the module docstring); a JSON-ready dict. `devices`: the
+  devices to plan the mesh on (default JAX's); `device_memory`: usable bytes of one trainer device
+  (default `device_memory_bytes(c)`)."""
   cfg = model_config(c)
   mesh = planned_mesh(c, devices)
   errors = batch_rule_errors(c, mesh)
@@ -172,9 +190,9 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
   shardings = trainer.state_shardings(state, mesh)
   params = sharding.shard_bytes(state.params, shardings.params)
   opt_state = sharding.shard_bytes(state.opt_state, shardings.opt_state)
-  # The gradient (f32, sharded like params), its accumulator with micro-batches, and the optimizer
-  # update's temporaries (about one more params-sized array).
-  grads = params * (3 if t.num_microbatches > 1 else 2)
+  # The gradient (in the params' dtype, sharded like them) and its f32 accumulator with
+  # micro-batches; the optimizer update runs in place on GPUs (`trainer.SKIP_MODES` "select").
+  grads = params + (_f32_bytes(state.params, shardings.params) if t.num_microbatches > 1 else 0)
   rows = c.buffer.batch_size // sharding.batch_size_multiple(mesh) // t.num_microbatches
   # model.attention "auto" is cuDNN flash attention on GPU in bfloat16: the plan is the GPU's.
   attention = c.model.get("attention", "einsum")
@@ -202,9 +220,13 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
     per_device["base_params"] = sharding.shard_bytes(storage,
                                                      sharding.param_shardings(storage, mesh))
   per_device["total"] = sum(per_device.values())
+  programs = program_bytes(c, cfg, per_device, rows, flash, dense_bias, rollout_backend,
+                           eval_backend, sharding.batch_size_multiple(mesh),
+                           _f32_bytes(state.params, shardings.params))
+  peak_program = max(programs, key=programs.get)
   padded = sharding.padded_leaves(
       jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.PRNGKey(0))), mesh)
-  limit = device_memory_bytes(c)
+  limit = device_memory_bytes(c) if device_memory is None else int(device_memory)
   lora = None if spec is None else {
       "rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets), "dtype": spec.dtype,
       "adapter_params": lora_lib.num_params(cfg, spec)}
@@ -218,16 +240,77 @@ def plan(c, devices: Optional[list] = None) -> dict[str, Any]:
                       "num_microbatches": int(t.num_microbatches), "flash_attention": flash,
                       "attention_dense_bias": dense_bias},
       "per_device_bytes": {k: int(v) for k, v in per_device.items()},
+      "programs": {k: int(v) for k, v in programs.items()},
+      "peak": {"analytic_bytes": int(programs[peak_program]), "analytic_program": peak_program},
       "params_fraction_per_device": per_device.get("base_params", params) / max(
           1, cfg.num_params() * np.dtype(cfg.params_dtype).itemsize),
       "padded_leaves": {k: {"logical": list(a), "storage": list(b)} for k, (a, b) in padded.items()},
       "device_memory_bytes": limit,
-      "fits": None if limit is None else bool(per_device["total"] <= limit),
+      "fits": None if limit is None else bool(programs[peak_program] <= limit),
       "time": time_plan(c, cfg, rollout_backend),
   }
   if lora is not None:
     out["lora"] = lora
   return out
+
+
+def _f32_bytes(tree: Any, shardings: Any) -> int:
+  """Per-device bytes of `tree` (laid out by `shardings`) in float32: a gradient accumulator."""
+  return sharding.shard_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32),
+                                           tree), shardings)
+
+
+def diagnostics_splits(rows: int, multiple: int, preferred: int) -> int:
+  """The regime diagnostics' micro-batches of a `rows`-row batch (as `run.regime.splits_for`):
+  the largest k <= preferred (>= 2) with rows % (k * multiple) == 0, else 0 (off)."""
+  return next((k for k in range(int(preferred), 1, -1) if rows % (k * multiple) == 0), 0)
+
+
+def program_bytes(c, cfg: ModelConfig, per_device: dict[str, int], rows: int,
+                  flash: bool, dense_bias: bool, rollout_backend: str, eval_backend: str,
+                  multiple: int, grads_f32: int) -> dict[str, int]:
+  """The analytic peak per device of each program a run of `c` runs on its trainer devices (the
+  programs `run.gpu_compile` compiles, which gives XLA's count): what the program holds
+  (arguments, outputs, temporaries) plus the run's buffers alive meanwhile (the optimizer state,
+  the update-KL probe's logits kept across the update, a JAX sampler's copy of the weights).
+
+  `per_device`: the plan's parts (params, opt_state, grads, activations, ref_params,
+  base_params); `rows`: the train step's rows per device per micro-batch; `grads_f32`: a float32
+  gradient's bytes (the diagnostics' accumulator)."""
+  seq, chunk = int(c.model.max_len), int(c.trainer.logprob_chunk)
+  state = (per_device["params"] + per_device["opt_state"] + per_device.get("ref_params", 0)
+           + per_device.get("base_params", 0))
+  backend = backend_table.record(rollout_backend)
+  copy = per_device["params"] if backend.on_trainer_devices else 0  # DeviceCopyPublisher's
+  batch_rows = int(c.buffer.batch_size)
+  probe = int(c.log.diagnostics_probe) if c.log.diagnostics_every else 0
+  probe_out = probe * seq * cfg.vocab_size * 4  # log-softmax [probe, T, V] f32, replicated
+  out = {"train_step": state + per_device["grads"] + per_device["activations"] + probe_out + copy,
+         "logprob_fn": state + copy + forward_bytes(cfg, batch_rows // multiple, seq, chunk)}
+  splits = diagnostics_splits(batch_rows, multiple, c.log.diagnostics_splits) \
+      if c.log.diagnostics_every else 0
+  if splits >= 2:
+    out["diagnostics"] = (state + per_device["params"] + grads_f32 + copy + activation_bytes(
+        cfg, batch_rows // multiple // splits, seq, chunk, flash, dense_bias))
+  if probe:  # its output and the one kept from before the update; the forward's layers, twice
+    out["update_kl_probe"] = state + copy + 2 * probe_out + 2 * probe * seq * (
+        cfg.hidden_size + cfg.intermediate_size) * np.dtype(cfg.compute_dtype).itemsize
+  cast = per_device["params"]
+  if backend.dtype_key:  # engines load the weights in their own dtype
+    engine_dtype = c.rollout.get(backend.dtype_key, "auto")
+    dtype = "bfloat16" if engine_dtype == "auto" else engine_dtype  # the GPU engines' (auto)
+    itemsize = np.dtype(jax.numpy.dtype(dtype)).itemsize
+    cast = per_device["params"] * itemsize // np.dtype(cfg.params_dtype).itemsize
+  out["publish"] = state + copy + cast
+  out["export_check"] = state + copy
+  samplers = {"sampler": int(c.rollout.sampler_batch_size)} if backend.on_trainer_devices else {}
+  if eval_backend == "trainer" and c.eval.num_problems:
+    samplers["eval_sampler"] = int(c.eval.batch_size or c.rollout.sampler_batch_size)
+  for name, n in samplers.items():  # the KV cache, the prompt's forward, the logits of a step
+    out[name] = (state + copy + kv_cache_bytes(cfg, n, seq) + n * seq * (
+        cfg.hidden_size + cfg.intermediate_size) * np.dtype(cfg.compute_dtype).itemsize
+        + 2 * n * cfg.vocab_size * 4)
+  return {k: int(v) for k, v in out.items()}
 
 
 def time_plan(c, cfg: ModelConfig, rollout_backend: str) -> dict[str, Any]:
@@ -263,19 +346,60 @@ def time_plan(c, cfg: ModelConfig, rollout_backend: str) -> dict[str, Any]:
                       "mfu": ASSUMED_MFU}}
 
 
+# What lowers each compiled program's peak (`check_fits` with XLA's numbers).
+PROGRAM_FIXES = {
+    "train_step": "more trainer.num_microbatches, model.remat=True, a smaller "
+                  "trainer.logprob_chunk or model.max_len, more trainer devices "
+                  "(trainer.num_devices)",
+    "logprob_fn": "a smaller trainer.logprob_chunk or buffer.batch_size, more trainer devices",
+    "diagnostics": "more log.diagnostics_splits, or log.diagnostics_every=0",
+    "update_kl_probe": "a smaller log.diagnostics_probe (0: no update KL)",
+    "publish": "more trainer devices (trainer.num_devices)",
+    "export_check": "more trainer devices (trainer.num_devices)",
+    "sampler": "a smaller rollout.sampler_batch_size or model.max_len",
+    "eval_sampler": "a smaller eval.batch_size or model.max_len",
+}
+
+
+def with_compiled_fit(p: dict[str, Any]) -> dict[str, Any]:
+  """Adds XLA's side to a plan holding "compiled" ({program: record with "peak_bytes"}):
+  "peak" = {"analytic_bytes", "xla_bytes", "xla_program", "xla_over_analytic"}, and "fits" judged
+  by XLA's largest peak ("fits_analytic" keeps the analytic verdict). Returns `p`."""
+  name, rec = max(p["compiled"].items(), key=lambda kv: kv[1]["peak_bytes"])
+  analytic = p["peak"]["analytic_bytes"]
+  p["peak"].update({"xla_bytes": int(rec["peak_bytes"]), "xla_program": name,
+                    "xla_over_analytic": rec["peak_bytes"] / max(1, analytic)})
+  limit = p["device_memory_bytes"]
+  p["fits_analytic"] = p["fits"]
+  p["fits"] = None if limit is None else bool(rec["peak_bytes"] <= limit)
+  if limit is not None:
+    p["peak"]["spare_fraction"] = 1.0 - rec["peak_bytes"] / limit
+  return p
+
+
 def check_fits(p: dict[str, Any]) -> None:
   """Raises DoesNotFit, naming the largest parts and what lowers them, when the plan's total
-  exceeds the device memory."""
+  (XLA's largest program peak when the plan holds compiled programs) exceeds the device memory."""
   if p["fits"] is not False:
     return
+  if "compiled" in p:
+    name = p["peak"]["xla_program"]
+    rec = p["compiled"][name]
+    raise DoesNotFit(
+        f"{name} needs {rec['peak_bytes'] / GIB:.1f} GiB per trainer device by XLA's count "
+        f"(arguments {rec['argument_bytes'] / GIB:.1f}, temporaries {rec['temp_bytes'] / GIB:.1f}"
+        f", other buffers alive {rec['resident_bytes'] / GIB:.1f} GiB) but "
+        f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable on {p['target']['name']} at "
+        f"devices.memory_fraction={p['target']['memory_fraction']:g}. Lower it with "
+        f"{PROGRAM_FIXES.get(name, 'more trainer devices')}, or raise devices.memory_fraction")
+  name = p["peak"]["analytic_program"]
   parts = {k: v for k, v in p["per_device_bytes"].items() if k != "total"}
   top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
   raise DoesNotFit(
-      f"the plan needs {p['per_device_bytes']['total'] / GIB:.1f} GiB per trainer device but "
-      f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable ({top} GiB). Lower it with more "
-      "trainer devices (trainer.num_devices), more trainer.num_microbatches, a smaller "
-      "trainer.logprob_chunk, model.remat=True, "
-      "a smaller model.max_len or rollout.sampler_batch_size, or raise devices.memory_fraction")
+      f"the plan's {name} needs {p['peak']['analytic_bytes'] / GIB:.1f} GiB per trainer device but "
+      f"{p['device_memory_bytes'] / GIB:.1f} GiB are usable (the train step's parts: {top} GiB). "
+      f"Lower it with {PROGRAM_FIXES.get(name, 'more trainer devices')}, or raise "
+      "devices.memory_fraction (`--compile_for=h100` gives XLA's own count)")
 
 
 def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None) -> str:
@@ -301,6 +425,12 @@ def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None)
   for k, v in p["per_device_bytes"].items():
     lines.append(f"{k:<16}{v / GIB:>10.2f}")
   limit = p["device_memory_bytes"]
+  if "compiled" in p:
+    lines += _format_compiled(p)
+  else:
+    lines.append(f"peak per device (analytic): {p['peak']['analytic_bytes'] / GIB:.2f} GiB in "
+                 f"{p['peak']['analytic_program']} (" + ", ".join(
+                     f"{k} {v / GIB:.1f}" for k, v in p["programs"].items()) + " GiB)")
   lines.append(f"usable memory: {'unknown (set devices.memory_gib)' if limit is None else f'{limit / GIB:.2f} GiB'}"
                f"; fits: {p['fits']}")
   if "time" in p:
@@ -309,15 +439,51 @@ def format_plan(p: dict[str, Any], split: Optional[devices_lib.GpuSplit] = None)
                  f"({tp['publish_bytes'] / 1e9:.1f} GB) vs a step of ~{tp['step_s']:.1f} s: "
                  f"{100 * tp['publish_fraction']:.1f}% of the trainer's time at refresh_every="
                  f"{tp['refresh_every']}")
+    if "compute_s" in tp:
+      lines.append(f"step on {tp['target']} (compiled): {tp['step_flops_per_device'] / 1e12:.0f} "
+                   f"TFLOP per device -> {tp['compute_s']:.1f} s at MFU {ASSUMED_MFU:g}; "
+                   f"collectives {tp['comm_traffic_bytes_per_device'] / 1e9:.0f} GB per device -> "
+                   f"{tp['comm_s']:.2f} s at {tp['assumed']['nvlink_gbps']:g} GB/s NVLink ("
+                   + ", ".join(f"{k} {v['count']}x {v['bytes'] / 1e9:.0f} GB"
+                               for k, v in tp["collectives"].items()) + ")")
   lines.append(f"params per device: {p['params_fraction_per_device']:.3f} of the model"
                f"{'; padded leaves: ' + ', '.join(p['padded_leaves']) if p['padded_leaves'] else ''}")
   return "\n".join(lines)
 
 
+def _format_compiled(p: dict[str, Any]) -> list[str]:
+  """The compiled programs' table (XLA's per-device bytes) and the analytic-vs-XLA line."""
+  t = p["target"]
+  lines = [f"compiled for {t['name']} ({t['description']}, {t['memory_bytes'] / GIB:.1f} GiB), "
+           "per device GiB:",
+           f"  {'program':<16}{'args':>8}{'out':>8}{'alias':>8}{'temp':>8}{'other':>8}{'peak':>8}"
+           f"{'analytic':>10}{'compile s':>11}"]
+  for name, r in p["compiled"].items():
+    analytic = p["programs"].get(name)
+    lines.append(f"  {name:<16}" + "".join(
+        f"{r[k] / GIB:>8.2f}" for k in ("argument_bytes", "output_bytes", "alias_bytes",
+                                         "temp_bytes", "resident_bytes", "peak_bytes"))
+        + (f"{analytic / GIB:>10.2f}" if analytic is not None else f"{'-':>10}")
+        + f"{r['compile_seconds']:>11.1f}")
+  pk = p["peak"]
+  lines.append(f"peak per device: analytic {pk['analytic_bytes'] / GIB:.2f} GiB, XLA "
+               f"{pk['xla_bytes'] / GIB:.2f} GiB ({pk['xla_program']}; XLA / analytic "
+               f"{pk['xla_over_analytic']:.2f})"
+               + (f"; {100 * pk['spare_fraction']:.1f}% of the usable memory to spare"
+                  if "spare_fraction" in pk else ""))
+  return lines
+
+
 def dry_run(c, workdir: str, split: Optional[devices_lib.GpuSplit] = None) -> dict[str, Any]:
   """Plans `c`, prints the plan, writes WORKDIR/plan.json and raises DoesNotFit when it does not
   fit. Nothing is loaded or started."""
-  p = plan(c)
+  return write_and_check(plan(c), workdir, split)
+
+
+def write_and_check(p: dict[str, Any], workdir: str,
+                    split: Optional[devices_lib.GpuSplit] = None) -> dict[str, Any]:
+  """Writes plan `p` (with the GPU split) to WORKDIR/plan.json, prints it and raises DoesNotFit
+  when it does not fit; returns it."""
   if split is not None:
     p["devices"]["trainer_gpus"] = list(split.trainer)
     p["devices"]["worker_gpus"] = list(split.workers)

@@ -327,3 +327,31 @@ def describe(tree: Any) -> dict[str, str]:
     spec = getattr(sharding, "spec", None)
     out[path_str(path)] = f"{tuple(np.shape(leaf))} {spec}"
   return out
+
+
+def under_mesh(fn, mesh: Mesh):
+  """`fn` traced with `mesh` as the abstract mesh in context, so that model code (which gets no
+  mesh) can constrain activations with `constrain_rows`; the jitted train step, log-prob and
+  diagnostics functions wrap their bodies with it."""
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  wrapped.__name__ = getattr(fn, "__name__", "fn")
+  return wrapped
+
+
+def constrain_rows(*xs: jax.Array) -> tuple[jax.Array, ...]:
+  """Each x with its rows (dim 0) over the batch axes of the abstract mesh in context
+  (`under_mesh`), when they divide them; unchanged outside one. Why: XLA may shard a projection's
+  output over heads when the head count divides the fsdp axis (Llama-3.2-3B's 24 query heads at
+  T=3) and keep the key/value rows over the batch, which cuDNN attention's partitioner refuses
+  ("Query, key and value should have same sharding")."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return xs
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  n = math.prod(mesh.shape[a] for a in axes)
+  if not axes or n == 1:
+    return xs
+  return tuple(jax.lax.with_sharding_constraint(x, P(axes)) if x.shape[0] % n == 0 else x
+               for x in xs)

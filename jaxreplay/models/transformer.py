@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxreplay.infra import sharding
 from jaxreplay.models import layout
 from jaxreplay.models.lora import LoraKernel
 from jaxreplay.models.config import ATTENTION_IMPLEMENTATIONS, ModelConfig
@@ -279,6 +280,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   masking = cudnn_call_args(mask, causal, lengths)
   problem = cudnn_problem(q.shape, k.shape, q.dtype, with_bias="mask" in masking)
   if problem is None:
+    q, k, v = sharding.constrain_rows(q, k, v)  # cuDNN's partitioner needs one sharding for all
     try:
       return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **masking)
     except (ValueError, NotImplementedError, RuntimeError) as e:

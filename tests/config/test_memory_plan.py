@@ -109,3 +109,55 @@ def test_dry_run_command_writes_plan_json(tmp_path):
   small = subprocess.run(cmd[:-1] + ["--config.devices.memory_gib=24"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
   assert small.returncode == 3 and "DoesNotFit" in small.stderr, small.stderr[-2000:]
+
+
+# ---- the analytic plan against XLA:GPU's compiled programs ---------------------------------------
+
+
+def _recorded_rows():
+  """bench/results/gpu_compile.json: the four GPU configs compiled for H100 and H200."""
+  with open(os.path.join(REPO, "bench", "results", "gpu_compile.json")) as f:
+    return json.load(f)["rows"]
+
+
+@pytest.mark.parametrize("row", _recorded_rows(), ids=lambda r: f"{r['config']}-{r['target']}")
+def test_analytic_peak_within_ten_percent_of_xla(row):
+  """The plan made now (no compile) against XLA's per-device peak recorded by bench/gpu_compile.py
+  for the same config and target: within 10%, and each config fits the H100 at
+  devices.memory_fraction 0.9 with >= 5% to spare by XLA's count."""
+  c = _config(row["config"])
+  assert row["overrides"] == []
+  from jaxreplay.config import gpu_targets  # pylint: disable=g-import-not-at-top
+  target = gpu_targets.load(row["target"])
+  p = memory_plan.plan(c, device_memory=int(target.memory_bytes * c.devices.memory_fraction))
+  xla = row["xla_peak_bytes"]
+  assert abs(p["peak"]["analytic_bytes"] / xla - 1) <= 0.10, (p["programs"], row["xla_peak_bytes"])
+  for name, rec in row["plan"]["compiled"].items():  # every program's estimate, within 25%
+    assert abs(p["programs"][name] / rec["peak_bytes"] - 1) <= 0.25, (name, p["programs"], rec)
+  assert xla <= 0.95 * 0.9 * target.memory_bytes and p["fits"]
+
+
+def test_diagnostics_splits_are_the_regime_diagnostics():
+  from jaxreplay.run import regime  # pylint: disable=g-import-not-at-top
+  for rows in (12, 24, 60, 64, 96):
+    for multiple in (1, 2, 3, 4, 8):
+      for preferred in (2, 4, 5, 8):
+        assert memory_plan.diagnostics_splits(rows, multiple, preferred) == regime.splits_for(
+            rows, multiple, preferred)
+
+
+def test_programs_and_the_fit_use_the_largest():
+  c = _config("qwen3_8b")
+  c.devices.memory_gib = 80.0
+  p = memory_plan.plan(c)
+  per, progs = p["per_device_bytes"], p["programs"]
+  assert set(progs) == {"train_step", "logprob_fn", "diagnostics", "update_kl_probe", "publish",
+                        "export_check"}  # vLLM engines sample and evaluate: no sampler here
+  assert progs["train_step"] == (per["params"] + per["opt_state"] + per["grads"]
+                                 + per["activations"] + 1 * 4608 * 151936 * 4)  # the probe's
+  assert progs["export_check"] == per["params"] + per["opt_state"]
+  assert progs["publish"] == progs["export_check"] + per["params"] // 2  # bf16 for the engines
+  assert p["peak"] == {"analytic_bytes": max(progs.values()), "analytic_program": "train_step"}
+  c.devices.memory_gib = 70.0
+  with pytest.raises(memory_plan.DoesNotFit, match="train_step needs .*trainer.num_microbatches"):
+    memory_plan.check_fits(memory_plan.plan(c))

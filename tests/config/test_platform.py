@@ -5,18 +5,11 @@ from jaxreplay.config import defaults
 from jaxreplay.config import platform
 
 
-def test_host_device_count_and_emulation():
-  env = {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=2"}
-  assert platform.host_device_count(env) == 2 and platform.host_device_count({}) == 1
-  platform.emulate_host_devices(8, env)
-  assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=8"
-
-
 def test_cpu_machine():
   c = defaults.base_config()
   c.trainer.num_devices = 3
   env = {}
-  p = platform.prepare(c, environ=env, visible=())
+  p = platform.prepare(c, environ=env, visible=(), tpu_installed=False)
   assert (p.kind, p.devices, p.emulated) == ("cpu", 1, False) and env["JAX_PLATFORMS"] == "cpu"
   env = {"JAX_PLATFORMS": "cpu"}
   p = platform.prepare(c, dry_run=True, environ=env, visible=())  # a GPU config planned on CPU
@@ -24,6 +17,11 @@ def test_cpu_machine():
   assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
   assert p.describe() == "3 CPU devices (emulated for the dry run)"
   assert platform.planned_mesh(c, p, dry_run=True).shape == {"data": 1, "fsdp": 3, "tensor": 1}
+  env = {"JAX_PLATFORMS": "cpu"}  # --compile_for: the target's compile-only GPUs, no host devices
+  p = platform.prepare(c, dry_run=True, environ=env, visible=(), compile_for="h100")
+  assert (p.devices, p.emulated, p.compile_for) == (3, False, "h100") and "XLA_FLAGS" not in env
+  assert p.describe() == "3 h100 GPUs (compile-only, no GPU here)"
+  assert platform.planned_mesh(c, p).shape == {"data": 1, "fsdp": 3, "tensor": 1}
 
 
 def test_gpu_machine_too_few_gpus():

@@ -60,13 +60,13 @@ def _host_state(workdir, step):
   return state, host
 
 
-def _assert_same_end(workdir, reference):
+def _assert_same_end(workdir, reference, last=6):
   """Rows, final params, buffer, prompt cursor and the simulated clock equal the reference's."""
   rows, ref_rows = read_rows(workdir), read_rows(reference)
-  assert [r["step"] for r in rows] == list(range(7))  # no row lost or repeated
+  assert [r["step"] for r in rows] == list(range(last + 1))  # no row lost or repeated
   assert [comparable(r) for r in rows] == [comparable(r) for r in ref_rows]
-  state, host = _host_state(workdir, 6)
-  ref_state, ref_host = _host_state(reference, 6)
+  state, host = _host_state(workdir, last)
+  ref_state, ref_host = _host_state(reference, last)
   chex.assert_trees_all_equal(state["params"], ref_state["params"])  # restored as saved: dicts
   for key in ("prompts", "next_group_id", "sim", "scheduler"):
     assert repr(host[key]) == repr(ref_host[key]), key
@@ -109,7 +109,7 @@ def test_generation_batch_equals_one_request_per_call_and_resumes_after_kill9(
   """scheduler.generation_batch=4 (each sampler call generates 3 requests ahead): every row equals
   the K = 1 reference's (each request gets the tokens it gets alone; the sampler's batches have
   the same shape either way, so bit for bit), plus sim/speculative_*; killed after checkpoint 4
-  and resumed (its results generated ahead restored), it ends as its uninterrupted run."""
+  (of a 12-step run) and resumed (its results generated ahead restored), it ends as its uninterrupted run."""
   batched = ("--config.scheduler.generation_batch=4",)
   whole = str(tmp_path / "whole")
   run_launch(whole, *batched)
@@ -117,17 +117,22 @@ def test_generation_batch_equals_one_request_per_call_and_resumes_after_kill9(
   plain = lambda r: {k: v for k, v in comparable(r).items() if not k.startswith("sim/speculative")}
   assert [plain(r) for r in rows] == [plain(r) for r in read_rows(tiny_reference_run)]
   assert rows[-1]["sim/speculative_rows"] > 0 and "sim/speculative_rows" not in rows[0]
+  # The kill: 12 steps, checkpoints every 4, killed once checkpoint 4 is committed (4 steps of
+  # margin before checkpoint 8, however fast the machine), resumed, it ends as its whole run.
+  longer = (*batched, "--config.total_steps=12", "--config.checkpoint.every=4")
+  whole = str(tmp_path / "whole12")
+  run_launch(whole, *longer)
   killed = str(tmp_path / "killed")
-  proc = start(killed, *batched)
+  proc = start(killed, *longer)
   _wait_for(_has_checkpoint(killed, 4), proc, what="checkpoint 4")
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  assert read_rows(killed)[-1]["step"] < 6
+  assert read_rows(killed)[-1]["step"] < 8
   _, host = _host_state(killed, 4)
   assert host["scheduler"]["ahead"]  # results generated ahead were in the checkpoint
-  out = run_launch(killed, *batched)
+  out = run_launch(killed, *longer)
   assert "resumed at step 4" in out.stderr
-  _assert_same_end(killed, whole)
+  _assert_same_end(killed, whole, last=12)
 
 
 def test_sigterm_saves_a_checkpoint_and_resumes_exactly(tmp_path, tiny_reference_run):

@@ -222,7 +222,10 @@ def test_memory_plan_counts_base_adapters_adam_and_grads():
   got = plan["per_device_bytes"]
   assert got["params"] == adapter_bytes  # replicated on every device
   assert 2 * adapter_bytes <= got["opt_state"] <= 2 * adapter_bytes + 64  # mu, nu (+ counts)
-  assert got["grads"] == 2 * adapter_bytes
+  assert got["grads"] == adapter_bytes  # one micro-batch: the gradient, no f32 accumulator
+  c.trainer.num_microbatches = 2
+  assert memory_plan.plan(c)["per_device_bytes"]["grads"] == 2 * adapter_bytes  # + accumulator
+  c.trainer.num_microbatches = 1
   assert got["base_params"] == full["per_device_bytes"]["params"]  # sharded as full params are
   assert got["total"] < full["per_device_bytes"]["total"]
   assert plan["lora"]["adapter_params"] == lora.num_params(cfg, spec)

@@ -442,6 +442,31 @@ def test_nonfinite_update_is_skipped_and_counted(data):
   assert trainer.all_finite({"i": jnp.array([1, 2])})  # integer leaves are always finite
 
 
+def test_select_skip_equals_the_cond_skip(data):
+  """skip_mode "select" (what GPUs get: no conditional copying the state) takes the same update on
+  a finite batch and the same skip on a NaN one as the CPU's "cond"; "auto" resolves by the
+  platform of the mesh's devices."""
+  mesh1 = _mesh((1, 1, 1))
+  shardings = jax.tree.map(lambda x: x.sharding, data["after"])
+  select = trainer.make_train_step(CFG, _optimizer(), data["loss_fn"], mesh1, shardings,
+                                   chunk_size=CHUNK, learning_rate_fn=optim.make_schedule(LR),
+                                   skip_mode="select")
+  fresh = lambda: jax.device_put(jax.tree.map(np.copy, data["before"]), shardings)
+  got, metrics = select(fresh(), data["batch"])
+  assert _host(metrics)["nonfinite_skipped"] == 0.0
+  chex.assert_trees_all_close(_host(got).params, data["after_host"].params, **param_tol())
+  chex.assert_trees_all_close(_host(got).opt_state, data["after_host"].opt_state, **param_tol())
+  bad = data["batch"]._replace(advantages=np.full(B, np.nan, np.float32))
+  got, metrics = select(fresh(), bad)
+  assert _host(metrics)["nonfinite_skipped"] == 1.0
+  chex.assert_trees_all_equal(_host(got).params, data["before"].params)
+  chex.assert_trees_all_equal(_host(got).opt_state, data["before"].opt_state)
+  assert trainer.resolve_skip_mode("auto", mesh1) == "cond"  # CPU devices
+  assert trainer.resolve_skip_mode("select", mesh1) == "select"
+  with pytest.raises(ValueError, match="skip_mode"):
+    trainer.resolve_skip_mode("maybe", mesh1)
+
+
 # ---- sequence packing ----------------------------------------------------------------------------
 
 def _rollouts(n=8, seed=3, max_prompt=8, max_completion=22):
