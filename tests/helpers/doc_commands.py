@@ -45,6 +45,7 @@ INSTALL_STEPS = (
     r"python3 -m venv \.venv",
     r"\. \.venv/bin/activate",
     r"pip install -e (?:\.|'\.\[(?P<extras>[a-z0-9,\-]+)\]')",
+    r"bash install\.sh(?: (?P<extras>[a-z0-9,\-]+))?",
 )
 # Programs whose code spans in prose count as commands once they take arguments.
 PROGRAMS = ("python ", "python3 ", "pip ", "bash ", "mkdocs ", "launch/", "tensorboard ", "CI=")
@@ -111,9 +112,11 @@ def segments(command: str) -> list[str]:
 def split_install(command: str) -> tuple[list[str], str]:
   """(the extras the leading install steps name, the rest of the command line)."""
   extras, rest = [], segments(command)
-  while rest and any(re.fullmatch(step, rest[0]) for step in INSTALL_STEPS):
-    match = re.fullmatch(INSTALL_STEPS[2], rest[0])
-    if match and match.group("extras"):
+  while rest:
+    match = next((m for m in (re.fullmatch(step, rest[0]) for step in INSTALL_STEPS) if m), None)
+    if match is None:
+      break
+    if "extras" in match.re.groupindex and match.group("extras"):
       extras += match.group("extras").split(",")
     rest = rest[1:]
   return extras, " && ".join(rest)
