@@ -185,7 +185,11 @@ def main(argv):
       logging.warning("%s during start-up: stopped before the first step ended (nothing to "
                       "save); %s", e.signame, start_hint(workdir))
       console_log.flush()
-      sys.exit(128 + signal.Signals[e.signame].value)
+      # The run's `with` blocks have closed what it started (workers, engines, writers). Exit
+      # without the interpreter's shutdown: it would join threads still inside a JAX compile or a
+      # generate call, and XLA's own threads can crash its finalisation (seen: a segfault 17 s
+      # after a SIGTERM during the first step's compile).
+      os._exit(128 + signal.Signals[e.signame].value)  # pylint: disable=protected-access
 
 
 def run(config, workdir, dry_run: bool, stop: safety.StopSignals, log_file) -> None:
