@@ -1,4 +1,4 @@
-"""What a user waits for at the console of `python -m jaxreplay.launch` (issue 39), on the tiny default:
+"""What a user waits for at the console of `python -m jaxreplay.launch` (issue 39), tiny default:
 
   first_line_s   process start -> the first line on the console (the banner: config, model size,
                  devices, backends), for a new run of configs/tiny.py

@@ -168,28 +168,40 @@ def test_console_of_a_run(tiny_reference_run):
   assert any("finished: {'step': 6" in line for line in log)
 
 
+# When SIGINT is sent: (a line the console shows first, seconds after it). The banner's last line
+# + 2 s lands in the build (task, tokenizer, model, compiles); the rollout worker's start lands in
+# the first step's compile, with the worker's threads running (the interpreter's shutdown used to
+# join them and crash), or, where the compile is cached, just after the first step.
+CTRL_C_MOMENTS = [("  log ", 2.0), ("started the rollout worker", 0.0)]
+
+
 @pytest.mark.slow
-def test_ctrl_c_during_start_up_exits_at_once(tmp_path):
-  """SIGINT while the run builds and compiles (before its first step ended): it exits within the
-  watchdog's grace (3 s) with 130 and the resume hint; nothing is left holding the workdir."""
+@pytest.mark.parametrize("after_line,delay", CTRL_C_MOMENTS, ids=["build", "first_step"])
+def test_ctrl_c_during_start_up_exits_at_once(tmp_path, after_line, delay):
+  """SIGINT while the run starts: it exits with 130 and the resume hint, without a traceback or a
+  crash. (The latency is measured by bench/bench_console.py;
+  the bound here only tells "at once" from the 79 s it took before.)"""
   workdir = tmp_path / "run"
   log = tmp_path / "console.txt"
   proc = tiny_runs.start(str(workdir), log_path=str(log))
   try:
     deadline = time.monotonic() + 300
-    while not (log.exists() and "  log " in log.read_text()):  # the banner: start-up begins
+    while not (log.exists() and after_line in log.read_text()):
       assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
       time.sleep(0.1)
-    time.sleep(2.0)  # into the build (task, tokenizer, model, compiles)
+    time.sleep(delay)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    proc.wait(timeout=120)
     latency = time.monotonic() - sent
   finally:
     if proc.poll() is None:
       proc.kill()
   text = log.read_text()
   assert proc.returncode == 130, text[-3000:]
-  assert "SIGINT during start-up" in text and "rerun the same command to start the run" in text
-  assert "Traceback" not in text
-  assert latency < 10.0, latency  # the watchdog's 3 s grace, with room for a loaded machine
+  assert "Traceback" not in text and "Fatal Python error" not in text, text[-3000:]
+  if "SIGINT during start-up" in text:
+    assert "rerun the same command to start the run" in text, text[-3000:]
+  else:  # the first step had ended: stopped after it, with a checkpoint
+    assert after_line != "  log " and "rerun the same command to resume" in text, text[-3000:]
+  assert latency < 30.0, latency
