@@ -17,8 +17,10 @@ def test_counts_and_positives():
   c.buffer.batch_size = 0
   c.rollout.prompts_per_request = 0
   c.scheduler.mu = 0.0
+  c.total_steps = 0
   errors = key_rules.count_errors(c)
   assert errors == [
+      "total_steps=0 must be an integer >= 1 (gradient steps); set --config.total_steps=100",
       "rollout.prompts_per_request=0 must be an integer >= 1 (prompts per request); set "
       "--config.rollout.prompts_per_request=4",
       "buffer.batch_size=0 must be an integer >= 1 (rollouts per gradient step); set "
@@ -34,6 +36,9 @@ def test_tuple_elements():
   c.eval.compute_grid = (1.0, "x")
   errors = key_rules.element_errors(c)
   assert len(errors) == 3
+  c.eval.compute_grid = (-1.0, 5.0)
+  assert key_rules.element_errors(c)[2].startswith(
+      "eval.compute_grid=(-1.0, 5.0): expected a tuple of numbers >= 0.0 (bad: -1.0)")
   assert errors[0].startswith("trainer.buckets=('abc',): expected a tuple of integers >= 1 (bad: "
                               "'abc')")
   assert "eval.ks=(1, 0): expected a tuple of integers >= 1 (bad: 0)" in errors[1]

@@ -31,7 +31,7 @@ SHELL_LANGUAGES = ("sh", "shell", "console", "shell-session", "bash-session", "z
 SHORTEN = (
     (r"python -m jaxreplay\.launch\b(?!.*--dry_run)",
      "--config.total_steps=6 --config.eval.num_problems=16"),
-    (r"python -m jaxreplay\.sft\b", "--sft_steps=5"),
+    (r"python -m jaxreplay\.sft\b", "--sft_steps=25"),  # > its 20 warm-up steps
     (r"python bench/bench_weight_sync\.py\b", "--quick"),
     (r"python bench/bench_pool_fill\.py\b", "--quick"),
     (r"python bench/bench_buffer\.py\b", "--quick"),
