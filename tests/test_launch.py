@@ -33,7 +33,8 @@ BAD_INPUTS = [
     (["--config.model.lora_rank=8", "--config.model.lora_targets=nonsense"],
      "model.lora_targets=('nonsense',): unknown ['nonsense']", {}),
     (["--config.buffer.fresh_tau=2"], "buffer.fresh_tau=2.0 has no effect: buffer.priority", {}),
-    (["--config.trainer.tau=-0.5"], "option of trainer.loss='asymre'", {}),
+    (["--config.trainer.tau=-0.5"], "trainer.tau=-0.5 is an option of loss 'asymre', not of "
+     "'grpo'; set trainer.tau=-0.1 (or trainer.loss='asymre')", {}),
     (["--config.buffer.batch_size=0"], "buffer.batch_size=0 must be an integer >= 1", {}),
     (["--config.rollout.prompts_per_request=0"], "rollout.prompts_per_request=0 must be", {}),
     (["--config.buffer.batch_size=512"], "buffer.batch_size (B=512) > buffer.size (N=256)", {}),

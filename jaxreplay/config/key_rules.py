@@ -9,9 +9,10 @@
               from its default (`defaults.base_config()`) while another key switches it off is an
               error, never a silent no-op (`lora_targets` with `lora_rank=0` trained every weight)
 
-The options of the algorithms (`learner.algorithms.ALGORITHMS`) follow NO_EFFECT's rule too: an
-option of an algorithm other than `trainer.loss` set away from its default is an error
-(`algorithm_option_errors`). Each error names the key, its value and the fix.
+The options of the algorithms follow the same rule where they are defined
+(`learner.algorithms.make_options`: an option of an algorithm other than `trainer.loss` set away
+from its default is an error, reported by `validation.trainer_errors`). Each error names the key,
+its value and the fix.
 """
 from __future__ import annotations
 
@@ -180,27 +181,5 @@ def no_effect_errors(c) -> list[str]:
     value = get(c, key)
     if _differs(value, get(base, key)) and rule.when(c):
       errors.append(f"{key}={value!r} has no effect: {rule.why}; {rule.fix}")
-  return errors + algorithm_option_errors(c)
-
-
-def algorithm_option_errors(c) -> list[str]:
-  """Options of another algorithm than trainer.loss (`ALGORITHMS[name].options` fields) set away
-  from their defaults."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from jaxreplay.learner import algorithms  # pylint: disable=g-import-not-at-top
-  if c.trainer.loss not in algorithms.ALGORITHMS:
-    return []  # validation names the loss
-  base = defaults.base_config()
-  own = {f.name for f in dataclasses.fields(algorithms.get(c.trainer.loss).options)}
-  errors = []
-  for name, algorithm in algorithms.ALGORITHMS.items():
-    for field in dataclasses.fields(algorithm.options):
-      key = f"trainer.{field.name}"
-      if field.name in own or field.name not in c.trainer:
-        continue
-      own.add(field.name)  # reported once
-      if _differs(c.trainer[field.name], base.trainer[field.name]):
-        errors.append(f"{key}={c.trainer[field.name]!r} has no effect: it is an option of "
-                      f"trainer.loss={name!r} and this run trains with trainer.loss="
-                      f"{c.trainer.loss!r}; set trainer.loss={name!r}, or leave it at its default")
   return errors
+
