@@ -53,7 +53,7 @@ _ALIASES = {
     "carry_drop": flags.DEFINE_float("sft_carry_drop", None, "Alias of --config.sft.carry_drop."),
 }
 # The config.sft keys that make demonstrations noisy, the tasks whose `sft_examples` take them.
-NOISE_KEYS = {"carry_drop": ("arithmetic", "scratchpad"), "slip": ("scratchpad",)}
+NOISE_KEYS = {"carry_drop": ("arithmetic", "scratchpad"), "slip": ("scratchpad", "multiplication")}
 WARMUP_STEPS = 20
 WEIGHT_DECAY = 1e-4  # optax.adamw's default, applied to every parameter
 

@@ -47,7 +47,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.lora_dtype = "float32"   # the adapters' (and their Adam state's) dtype: float32 | bfloat16
 
   c.task = ml_collections.ConfigDict()  # the problems, their prompts and their rewards
-  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) | math
+  c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) |
+                                   # multiplication (by one digit, worked solution) | math
   c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
   c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
                                    # removed from training; empty: a hashed 5% of task.path
@@ -55,7 +56,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.answer_key = "answer"     # math: the field of a dataset row that holds the reference
                                    # answer
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
-  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n)
+  c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n);
+                                   # multiplication: the multiplicand's
   c.task.ops = "+"                 # arithmetic: the operators drawn, e.g. "+" or "+-*"
   c.task.reward_timeout_s = 5.0    # time limit of one reward call [s] (a call past it scores as
                                    # a failure, counted in reward/timeouts)
@@ -135,7 +137,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.on_policy_order = "lifo"  # the queue pops the newest B (lifo, the paper's) or oldest
   c.buffer.reuse_control = "off"   # data.reuse: off (the replay ratio the hardware split gives) |
                                    # fixed (generation paced to reuse_target uses per rollout) |
-                                   # adaptive (reuse set online from the regime diagnostics)
+                                   # adaptive (reuse set online from the regime diagnostics) |
+                                   # gradient_gate (Dynamic Gradient Gating, arXiv 2605.19425,
+                                   # data.batch_reuse: each fresh batch of the on-policy queue is
+                                   # reused while the LM head's gradient shows no surge)
+  c.buffer.gate_max_reuse = 4      # gradient_gate: updates per fresh batch at most (the paper's K)
+  c.buffer.gate_threshold = 0.5    # gradient_gate: the Z-score of the LM head's gradient-energy
+                                   # increment above which an update is intercepted and the batch
+                                   # ends (the paper's tau, 0.1-0.5)
+  c.buffer.gate_window = 10        # gradient_gate: increments in the Z-score's sliding window
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
   c.buffer.reuse_min = 1.0         # adaptive: the range of the uses per rollout
   c.buffer.reuse_max = 4.0         # adaptive: the largest uses per rollout
@@ -146,6 +156,12 @@ def base_config() -> ml_collections.ConfigDict:
                                    # (priority exp(-age / fresh_tau), age in updates; successive
                                    # sampling without replacement, jaxreplay.data.buffer)
   c.buffer.fresh_tau = 4.0         # priority "fresh": the age decay tau [updates]
+  c.buffer.fresh_base = "uniform"  # priority "fresh": base priority p_base, uniform (1) | reward
+                                   # (|reward| + fresh_eps) | advantage (|advantage| + fresh_eps);
+                                   # priority (p_base exp(-age / fresh_tau)) ** fresh_alpha.
+                                   # FreshPER (arXiv 2604.16918): reward, alpha 0.6, tau 500
+  c.buffer.fresh_alpha = 1.0       # priority "fresh": the exponent alpha (PER's; FreshPER 0.6)
+  c.buffer.fresh_eps = 1e-6        # priority "fresh": added to |reward| / |advantage| (> 0)
   c.buffer.max_uses = 0            # a rollout leaves the buffer after this many uses; 0 = no cap
   c.buffer.replace_zero_variance = False  # True: rollouts of groups whose rewards are all equal
                                    # are drawn only when the other groups hold fewer than B
@@ -196,6 +212,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.max_grad_norm = 1.0    # clip the gradient's global norm to this; 0 = no clipping
   c.trainer.num_microbatches = 1   # gradient accumulation: micro-batches per step (B divides by
                                    # data*fsdp*this)
+  c.trainer.ppo_epochs = 1         # epochs over each fresh batch of the on-policy queue (k;
+                                   # data.batch_reuse: the classical multi-epoch baseline); 1 = one
+                                   # update per batch
+  c.trainer.ppo_minibatches = 1    # minibatches per epoch (m): k * m updates of B / m rollouts each
   c.trainer.max_nonfinite_skips = 5  # an update with a NaN/inf loss or gradient is skipped (metric
                                      # nonfinite_skipped); this many in a row stop the run
   c.trainer.nonfinite_check = "grads"  # what decides a skip: grads (loss and gradient norm, before
@@ -286,15 +306,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry;
                                    # scratchpad: probability that a demonstration forgets a carry
   c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
-                                   # demonstrations misremember (written as sum +- 1)
-  c.sft.slip_range = (0.4, 0.95)   # scratchpad: probability range of writing a misremembered fact
+                                   # demonstrations misremember (written as sum +- 1);
+                                   # multiplication: share of the 64 times-table facts x * y
+                                   # (x, y in 2..9), written as (x +- 1) * y
+  c.sft.slip_range = (0.4, 0.95)   # scratchpad / multiplication: probability range of writing a
+                                   # misremembered fact
 
   c.log = ml_collections.ConfigDict()  # the progress line, diagnostics and Weights & Biases
   c.log.every_s = 10.0             # seconds between progress lines on the console
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
   c.log.diagnostics_every = 10     # steps between regime diagnostics (run.regime: gradient noise
                                    # scale, update KL, behaviour KL, ratio quantiles, IS ESS); one
-                                   # extra forward + backward each, not counted as compute; 0 = off
+                                   # extra forward + backward each (+ the probe); 0 = off
+  c.log.charge_diagnostics = "auto"  # their passes in compute_seconds: auto (charged when the
+                                   # design reads them: buffer.reuse_control adaptive; measurement
+                                   # only otherwise) | on | off (run.regime)
   c.log.diagnostics_splits = 4     # micro-batches of the noise-scale estimate (>= 2; fewer if the
                                    # batch does not divide)
   c.log.diagnostics_probe = 8      # rollouts of the fixed probe of diag/update_kl (0 = none);

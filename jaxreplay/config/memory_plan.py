@@ -88,6 +88,11 @@ def batch_rule_errors(c, mesh) -> list[str]:
   b = int(c.buffer.batch_size)
   if k < 1:
     return [f"trainer.num_microbatches={k} must be >= 1"]
+  m = int(c.trainer.get("ppo_minibatches", 1))
+  if b % (rows * k) == 0 and m > 1 and b % m == 0 and (b // m) % (rows * k):
+    return [f"trainer.ppo_minibatches={m}: minibatches of B/m = {b // m} rollouts must be a "
+            f"multiple of data*fsdp*num_microbatches = {rows}*{k} = {rows * k} (mesh "
+            f"{dict(mesh.shape)}): lower ppo_minibatches or num_microbatches"]
   if b % (rows * k) == 0:
     return []
   per_device = b // rows if b % rows == 0 else None

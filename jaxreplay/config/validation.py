@@ -28,8 +28,12 @@ from jaxreplay.config import schedule_table
 from jaxreplay.config import workdir as workdir_lib
 from jaxreplay.rollout import backend_table
 
-TASKS = ("arithmetic", "scratchpad", "math")
-PROCEDURAL_TASKS = ("arithmetic", "scratchpad")  # generated problems over a character tokenizer
+TASKS = ("arithmetic", "scratchpad", "multiplication", "math")
+PROCEDURAL_TASKS = ("arithmetic", "scratchpad", "multiplication")  # generated problems over a
+                                                                   # character tokenizer
+
+
+CHARGE_DIAGNOSTICS = ("auto", "on", "off")  # log.charge_diagnostics (run.regime.charges_diagnostics)
 
 
 class ConfigError(ValueError):
@@ -277,6 +281,7 @@ def ray_errors(r) -> list[str]:
 def buffer_errors(b, r, log=None) -> list[str]:
   """buffer.*: N against B and against one request (`r`: the rollout section), the reuse controller
   (`log`: the log section, whose diagnostics the adaptive controller reads)."""
+  from jaxreplay.data import batch_reuse  # pylint: disable=g-import-not-at-top
   from jaxreplay.data import reuse  # pylint: disable=g-import-not-at-top
   from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
   errors = []
@@ -285,9 +290,17 @@ def buffer_errors(b, r, log=None) -> list[str]:
   except ValueError as e:
     errors.append(str(e))
   else:
-    if settings.control != "off" and b.on_policy:
+    if settings.control in reuse.PACING_CONTROLS and b.on_policy:
       errors.append(f"buffer.reuse_control={settings.control!r} paces a replay buffer; the on-policy "
                     "queue (buffer.on_policy=True) uses each rollout once: set one of them off")
+    if settings.control == batch_reuse.GATE_CONTROL:
+      if not b.on_policy:
+        errors.append("buffer.reuse_control='gradient_gate' reuses each fresh batch of the "
+                      "on-policy queue: set buffer.on_policy=True")
+      try:
+        batch_reuse.GateSettings.from_config(b)
+      except ValueError as e:
+        errors.append(str(e))
     if settings.control == "adaptive" and log is not None and log.diagnostics_every < 1:
       errors.append("buffer.reuse_control='adaptive' decides from the regime diagnostics: set "
                     "log.diagnostics_every >= 1 (e.g. 5)")
@@ -307,6 +320,14 @@ def buffer_errors(b, r, log=None) -> list[str]:
     errors.append(choice_error("buffer.priority", b.priority, tuple(samplers.SAMPLERS)))
   if not b.fresh_tau > 0:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
+  else:
+    options = samplers.sampler_options(b)
+    try:
+      samplers.check_options(options["priority"], options["fresh_tau"], 0, False, False,
+                             options["fresh_base"], options["fresh_alpha"], options["fresh_eps"])
+    except ValueError as e:
+      if b.priority in samplers.SAMPLERS:
+        errors.append(f"buffer.{e}")
   if b.max_uses < 0:
     errors.append(f"buffer.max_uses={b.max_uses} must be >= 0 (0 = no cap)")
   if b.on_policy and (b.priority != "uniform" or b.max_uses or b.replace_zero_variance):
@@ -368,6 +389,32 @@ def trainer_errors(t, c) -> list[str]:
   if t.max_nonfinite_skips < 1:
     errors.append(f"trainer.max_nonfinite_skips={t.max_nonfinite_skips} must be >= 1 "
                   "(consecutive non-finite updates skipped before the run stops)")
+  return errors + batch_reuse_errors(c)
+
+
+def batch_reuse_errors(c) -> list[str]:
+  """trainer.ppo_epochs / ppo_minibatches and buffer.reuse_control="gradient_gate": several
+  updates on each fresh batch of the on-policy queue (`data.batch_reuse`)."""
+  from jaxreplay.data import batch_reuse  # pylint: disable=g-import-not-at-top
+  try:
+    plan = batch_reuse.BatchReuse.from_config(c)
+  except ValueError as e:
+    return [str(e)]
+  if not plan.active:
+    return []
+  errors = []
+  what = ("buffer.reuse_control='gradient_gate'" if plan.gate is not None else
+          f"trainer.ppo_epochs={plan.epochs} with trainer.ppo_minibatches={plan.minibatches}")
+  if not c.buffer.on_policy:
+    errors.append(f"{what} reuses each fresh batch of the on-policy queue: set "
+                  "buffer.on_policy=True")
+  if c.scheduler.kind == "sync":
+    errors.append(f"{what} trains several updates on one fresh batch; the sync schedule generates "
+                  "scheduler.rollouts_per_step rollouts before every update: use "
+                  "scheduler.kind='simulated' or 'async'")
+  if plan.gate is not None and c.model.get("lora_rank", 0) > 0:
+    errors.append("buffer.reuse_control='gradient_gate' monitors the LM head's gradient, which "
+                  "LoRA freezes: use it with model.lora_rank=0")
   return errors
 
 
@@ -461,4 +508,7 @@ def log_errors(c) -> list[str]:
     errors.append(f"log.diagnostics_probe={g.diagnostics_probe} must be >= 0 (rollouts; 0 = none)")
   if not 0.0 <= g.noise_scale_decay < 1.0:
     errors.append(f"log.noise_scale_decay={g.noise_scale_decay} must be in [0, 1)")
+  if g.get("charge_diagnostics", "auto") not in CHARGE_DIAGNOSTICS:
+    errors.append(f"log.charge_diagnostics={g.charge_diagnostics!r}: expected one of "
+                  f"{CHARGE_DIAGNOSTICS} (auto: charged when buffer.reuse_control reads them)")
   return errors + list(metric_writers.wandb_config_errors(c.log))

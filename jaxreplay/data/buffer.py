@@ -81,6 +81,14 @@ class _Held:
   def zero_variance(self, slots: np.ndarray) -> np.ndarray:
     return self._buf._zero_variance(slots)  # pylint: disable=protected-access
 
+  def rewards(self, slots: np.ndarray) -> np.ndarray:
+    items = self._buf._items  # pylint: disable=protected-access
+    return np.array([items[s].reward for s in slots.tolist()], np.float64)
+
+  def advantages(self, slots: np.ndarray) -> np.ndarray:
+    items = self._buf._items  # pylint: disable=protected-access
+    return np.array([items[s].advantage for s in slots.tolist()], np.float64)
+
 
 class ReplayBuffer:
   """A FIFO replay buffer of rollouts with uniform sampling (see the module docstring).
@@ -93,8 +101,11 @@ class ReplayBuffer:
     consume_order: which B a consuming `sample` pops: "lifo" (the newest, the paper's baseline) or
       "fifo" (the oldest).
     priority: a name of `samplers.SAMPLERS` ("uniform"; "fresh": draw priority
-      exp(-age / fresh_tau), see `data.samplers`).
+      (p_base * exp(-age / fresh_tau)) ** fresh_alpha, see `data.samplers`).
     fresh_tau: tau > 0 of priority "fresh" [updates].
+    fresh_base, fresh_alpha, fresh_eps: p_base ("uniform", "reward": |reward| + fresh_eps,
+      "advantage": |advantage| + fresh_eps) and the exponent of priority "fresh" (FreshPER:
+      "reward", 0.6, 1e-6).
     max_uses: k > 0: a rollout leaves after its k-th use; 0 = no cap.
     replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
   The sampler options do not apply to a consuming queue (each rollout is used once there).
@@ -102,7 +113,8 @@ class ReplayBuffer:
 
   def __init__(self, capacity: int, seed: int = 0, positive_fraction: float = 0.0,
                consume: bool = False, consume_order: str = "lifo", priority: str = "uniform",
-               fresh_tau: float = 4.0, max_uses: int = 0, replace_zero_variance: bool = False):
+               fresh_tau: float = 4.0, max_uses: int = 0, replace_zero_variance: bool = False,
+               fresh_base: str = "uniform", fresh_alpha: float = 1.0, fresh_eps: float = 1e-6):
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
       raise ValueError(f"capacity={capacity!r} must be a positive int (rollouts)")
     positive_fraction = float(positive_fraction)
@@ -121,12 +133,15 @@ class ReplayBuffer:
                        "set positive_fraction=0")
     if consume_order not in samplers.QUEUES:
       raise ValueError(f"consume_order={consume_order!r}; expected one of {tuple(samplers.QUEUES)}")
-    samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume)
+    samplers.check_options(priority, fresh_tau, max_uses, replace_zero_variance, consume,
+                           fresh_base, fresh_alpha, fresh_eps)
     self.priority, self.fresh_tau = priority, float(fresh_tau)
     self.max_uses, self.replace_zero_variance = int(max_uses), bool(replace_zero_variance)
     # how `sample` picks a batch: the queue's order, else the priority's sampler
     self._sampler = (samplers.QUEUES[consume_order] if consume else samplers.make_sampler(
-        priority, samplers.SamplerOptions(self.fresh_tau, self.replace_zero_variance)))
+        priority, samplers.SamplerOptions(self.fresh_tau, self.replace_zero_variance,
+                                          str(fresh_base), float(fresh_alpha),
+                                          float(fresh_eps))))
     self.capacity = int(capacity)
     self.positive_fraction = positive_fraction
     self.consume = bool(consume)

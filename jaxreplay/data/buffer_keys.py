@@ -50,3 +50,5 @@ ZERO_VARIANCE_KEYS = (
     "buffer/zero_variance_fraction",  # share of held rollouts whose group's rewards are all equal
     "buffer/batch_zero_variance_fraction",  # the same share in the last batch (once sampled)
 )
+# Every key about the last sampled batch: reported on the row of the update that sampled it.
+LAST_SAMPLE_KEYS = BATCH_KEYS + STALENESS_KEYS + ("buffer/batch_zero_variance_fraction",)

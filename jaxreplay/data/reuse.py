@@ -33,6 +33,11 @@ buffer.reuse_control:
               The first measurement (step 0) sets rho directly; after it rho moves by at most
               1.5x per decision. rho stays in [reuse_min, reuse_max]; every decision is logged
               with its reason (controller/* keys, and a log line in words).
+  "gradient_gate"  not a pacing control: Dynamic Gradient Gating over the on-policy queue
+              (`data.batch_reuse`): each fresh batch is reused while the LM head's gradient shows
+              no surge, up to buffer.gate_max_reuse updates. This controller stays inactive.
+Only "adaptive" reads the regime diagnostics (`READS_DIAGNOSTICS`): with log.charge_diagnostics
+"auto" their extra passes are charged to its compute (`run.regime`).
 At a replay ratio of 1 (fixed reuse_target = 1, or adaptive at reuse_min = 1) each update takes the
 newest B never-used rollouts (`ReplayBuffer.set_newest_unused`): the on-policy LIFO queue's batch,
 whereas a uniform draw from N would train on rollouts ~N / (2B) versions old and leave others
@@ -48,7 +53,9 @@ from typing import Any, Mapping, Optional
 
 from absl import logging
 
-REUSE_CONTROLS = ("off", "fixed", "adaptive")
+REUSE_CONTROLS = ("off", "fixed", "adaptive", "gradient_gate")
+PACING_CONTROLS = ("fixed", "adaptive")  # the controls this controller paces generation for
+READS_DIAGNOSTICS = ("adaptive",)        # the controls that decide from the regime diagnostics
 SIGNAL_LOW, SIGNAL_HIGH = 0.25, 2.0   # batch / noise scale where rho = reuse_min / reuse_max
 MAX_MOVE = 1.5                        # largest change of rho per decision (factor)
 GUARD_CUT = 2.0 / 3.0                 # the factor a firing staleness guard applies
@@ -71,7 +78,7 @@ class ReuseSettings:
     if not 1.0 <= self.reuse_min <= self.reuse_max:
       raise ValueError(f"buffer.reuse_min={self.reuse_min}, buffer.reuse_max={self.reuse_max}: "
                        "need 1 <= reuse_min <= reuse_max (uses per rollout)")
-    if not self.reuse_min <= self.target <= self.reuse_max and self.control != "off":
+    if not self.reuse_min <= self.target <= self.reuse_max and self.control in PACING_CONTROLS:
       raise ValueError(f"buffer.reuse_target={self.target} must be in [reuse_min, reuse_max] = "
                        f"[{self.reuse_min}, {self.reuse_max}]")
     if self.kl_max <= 0 or self.update_kl_max <= 0 or not 0 < self.ess_min <= 1:
@@ -124,7 +131,8 @@ class ReuseController:
 
   @property
   def active(self) -> bool:
-    return self.settings.control != "off"
+    """Whether it paces generation (buffer.reuse_control "fixed" or "adaptive")."""
+    return self.settings.control in PACING_CONTROLS
 
   def may_start_request(self, added: int, in_flight: int) -> bool:
     """The worker gate: one more request may start (the throttle)."""

@@ -2,10 +2,29 @@
 
 Samplers (`buffer.priority`, `buffer.max_uses`, `buffer.replace_zero_variance`; combinable with
 each other and with the positive bias, which only decides what is held):
-  priority="fresh"        rollout i is drawn with priority w_i = exp(-age_i / fresh_tau), age_i =
-                          current_version - policy_version_i in updates (FreshPER-style age decay;
+  priority="fresh"        rollout i is drawn with priority
+                            w_i = (p_base_i * exp(-age_i / fresh_tau)) ** fresh_alpha,
+                          age_i = current_version - policy_version_i in updates (gradient steps;
                           the normalised distribution depends only on version differences, so
                           current_version does not matter and defaults to the newest held).
+                          p_base_i by `buffer.fresh_base`: "uniform" (1, the default: w_i =
+                          exp(-age_i / fresh_tau) at fresh_alpha 1, the draws of before issue 37
+                          bit for bit), "reward" (|reward_i| + fresh_eps) or "advantage"
+                          (|advantage_i| + fresh_eps).
+                          FreshPER (Ma et al., arXiv 2604.16918; code github.com/Vision-CAIR/
+                          Freshness-Aware-PER, `roll/agentic/replay_buffer`) is fresh_base
+                          "reward", fresh_eps 1e-6, fresh_alpha 0.6, fresh_tau 500: its
+                          `reward_fresh_priority` ((|reward| + 1e-6) * exp(-age / age_decay),
+                          age_decay 500 "paper default"), raised to its PER exponent
+                          `priority_exponent` 0.6 in the sum tree (`refresh_all_age_decay`, every
+                          training step). What differs here: it samples with replacement from the
+                          sum tree, this sampler draws B distinct rollouts by successive sampling
+                          with the same weights; its age counts steps since the rollout was stored,
+                          this one since the policy version that generated it (the behaviour
+                          policy, whose drift its ESS argument is about); its optional
+                          importance-sampling correction (beta 0.4 -> 1) is not applied (its README:
+                          it "rarely changes peak performance"); its `max(., 1e-8)` floor on the
+                          priority never binds at ages of a few hundred updates.
   max_uses=k > 0          a rollout leaves the buffer right after its k-th use ("buffer/retired";
                           done by the buffer, `ReplayBuffer._retire`).
   replace_zero_variance   rollouts of groups whose rewards are all equal (no GRPO signal) are not
@@ -37,6 +56,7 @@ of it is a `SamplerOptions` field read in `sampler_options` with its default in 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Optional, Protocol
 
@@ -64,15 +84,36 @@ class Held(Protocol):
     """bool: whether each slot's group has all rewards equal."""
 
 
+  def rewards(self, slots: np.ndarray) -> np.ndarray:
+    """Rewards (float64) of the rollouts in `slots`."""
+
+  def advantages(self, slots: np.ndarray) -> np.ndarray:
+    """Advantages (float64) of the rollouts in `slots`."""
+
+
+# buffer.fresh_base -> p_base of priority "fresh" over the held slots (None: 1 for every rollout)
+FRESH_BASES: dict[str, Optional[Callable[[Held, np.ndarray], np.ndarray]]] = {
+    "uniform": None,
+    "reward": lambda held, slots: np.abs(held.rewards(slots)),
+    "advantage": lambda held, slots: np.abs(held.advantages(slots)),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplerOptions:
   """The options a sampler is built with (config `buffer.*`, see `sampler_options`).
 
   fresh_tau: tau > 0 of priority "fresh" [updates].
   replace_zero_variance: draw rollouts of zero-variance groups only when the others are too few.
+  fresh_base: p_base of priority "fresh", a name of `FRESH_BASES`.
+  fresh_alpha: the exponent > 0 of priority "fresh" (PER's alpha).
+  fresh_eps: added to |reward| / |advantage| of the "reward" / "advantage" bases (> 0).
   """
   fresh_tau: float = 4.0
   replace_zero_variance: bool = False
+  fresh_base: str = "uniform"
+  fresh_alpha: float = 1.0
+  fresh_eps: float = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +122,7 @@ class PrioritySampler:
   per-rollout log weights; zero-variance groups last when `replace_zero_variance` (module
   docstring). Uniform draws without that option map B drawn positions straight to slots
   (`Generator.choice(held, B, replace=False)`: O(B), whatever is held)."""
-  log_weights: Optional[Callable[[np.ndarray], np.ndarray]] = None  # versions [n] -> log w [n]
+  log_weights: Optional[Callable[[Held, np.ndarray], np.ndarray]] = None  # held, slots -> log w
   replace_zero_variance: bool = False
   consumes = False
 
@@ -90,7 +131,7 @@ class PrioritySampler:
       idx = rng.choice(held.size, size=batch_size, replace=False)
       return held.slots(np.asarray(idx, np.int64))
     slots = held.slots(np.arange(held.size, dtype=np.int64))
-    log_w = None if self.log_weights is None else self.log_weights(held.versions(slots))
+    log_w = None if self.log_weights is None else self.log_weights(held, slots)
     zero = held.zero_variance(slots) if self.replace_zero_variance else None
     return draw_slots(rng, slots, batch_size, log_weights=log_w, zero_variance=zero)
 
@@ -130,7 +171,7 @@ class NewestUnused:
 # buffer.priority -> the sampler it draws with
 SAMPLERS: dict[str, Callable[[SamplerOptions], Any]] = {
     "uniform": lambda o: PrioritySampler(None, o.replace_zero_variance),
-    "fresh": lambda o: PrioritySampler(lambda v: fresh_log_weights(v, o.fresh_tau),
+    "fresh": lambda o: PrioritySampler(functools.partial(fresh_priority_log_weights, o),
                                        o.replace_zero_variance),
 }
 
@@ -153,16 +194,29 @@ def sampler_options(buffer_config: Any) -> dict[str, Any]:
   return {"priority": str(buffer_config.get("priority", "uniform")),
           "fresh_tau": float(buffer_config.get("fresh_tau", 4.0)),
           "max_uses": int(buffer_config.get("max_uses", 0)),
-          "replace_zero_variance": bool(buffer_config.get("replace_zero_variance", False))}
+          "replace_zero_variance": bool(buffer_config.get("replace_zero_variance", False)),
+          "fresh_base": str(buffer_config.get("fresh_base", "uniform")),
+          "fresh_alpha": float(buffer_config.get("fresh_alpha", 1.0)),
+          "fresh_eps": float(buffer_config.get("fresh_eps", 1e-6))}
 
 
 def check_options(priority: str, fresh_tau: float, max_uses: int, replace_zero_variance: bool,
-                  consume: bool) -> None:
+                  consume: bool, fresh_base: str = "uniform", fresh_alpha: float = 1.0,
+                  fresh_eps: float = 1e-6) -> None:
   """ValueError naming the bad sampler option and its fix (`ReplayBuffer`'s arguments)."""
   if priority not in SAMPLERS:
     raise ValueError(f"priority={priority!r}; expected one of {tuple(SAMPLERS)}")
   if not 0.0 < float(fresh_tau) < math.inf:
     raise ValueError(f"fresh_tau={fresh_tau} must be > 0 [updates] (priority exp(-age / tau))")
+  if fresh_base not in FRESH_BASES:
+    raise ValueError(f"fresh_base={fresh_base!r}; expected one of {tuple(FRESH_BASES)}")
+  if not 0.0 < float(fresh_alpha) < math.inf or not 0.0 < float(fresh_eps) < math.inf:
+    raise ValueError(f"fresh_alpha={fresh_alpha} and fresh_eps={fresh_eps} must be > 0 (priority "
+                     "((p_base + eps) * exp(-age / tau)) ** alpha)")
+  if priority != "fresh" and (fresh_base != "uniform" or fresh_alpha != 1.0):
+    raise ValueError(f"fresh_base={fresh_base!r} and fresh_alpha={fresh_alpha} shape priority "
+                     f"'fresh' only; got priority={priority!r}: set priority='fresh' or leave "
+                     "them at 'uniform', 1.0")
   if isinstance(max_uses, bool) or int(max_uses) != max_uses or max_uses < 0:
     raise ValueError(f"max_uses={max_uses!r} must be an int >= 0 (0 = no cap)")
   if consume and (priority != "uniform" or max_uses or replace_zero_variance):
@@ -182,6 +236,18 @@ def fresh_log_weights(policy_versions: np.ndarray, fresh_tau: float) -> np.ndarr
   """log w_i = -age_i / fresh_tau with age counted from the newest held version; float64 [n]."""
   versions = np.asarray(policy_versions, np.int64)
   return (versions - versions.max()).astype(np.float64) / fresh_tau
+
+
+def fresh_priority_log_weights(options: SamplerOptions, held: Held,
+                               slots: np.ndarray) -> np.ndarray:
+  """log w_i of priority "fresh" over `slots` (module docstring): alpha * (log p_base_i - age_i /
+  tau); float64 [n]. The uniform base at alpha 1 is `fresh_log_weights` itself."""
+  age_term = fresh_log_weights(held.versions(slots), options.fresh_tau)
+  base = FRESH_BASES[options.fresh_base]
+  if base is None and options.fresh_alpha == 1.0:
+    return age_term
+  log_base = 0.0 if base is None else np.log(base(held, slots) + options.fresh_eps)
+  return options.fresh_alpha * (log_base + age_term)
 
 
 def draw_slots(rng: np.random.Generator, slots: np.ndarray, batch_size: int,

@@ -393,37 +393,54 @@ def resolve_skip_mode(skip_mode: str, mesh: Mesh) -> str:
 
 
 def _apply_update(optimizer: optax.GradientTransformation, state: TrainState, grads, loss,
-                  grad_norm, skip_nonfinite: bool, nonfinite_check: str, skip_mode: str = "cond"):
+                  grad_norm, skip_nonfinite: bool, nonfinite_check: str, skip_mode: str = "cond",
+                  veto=None):
   """The optimizer update, skipped on a non-finite loss / gradient norm (`make_train_step`'s
-  skip_nonfinite and nonfinite_check; skip_mode "cond" or "select", see `SKIP_MODES`). Returns
-  (params, opt_state, param_norm, finite: bool[] or None when nothing is checked)."""
+  skip_nonfinite and nonfinite_check; skip_mode "cond" or "select", see `SKIP_MODES`) and, given
+  `veto` (bool[]: the gradient gate fired), when vetoed. Returns (params, opt_state, param_norm,
+  finite: bool[] or None when nothing is checked)."""
   def update(params_opt):
     params, opt_state = params_opt
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
   finite = None
-  if skip_nonfinite and nonfinite_check == "grads" and skip_mode == "select":
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                     update((state.params, state.opt_state)),
-                                     (state.params, state.opt_state))
-    param_norm = _global_norm(params)
-  elif skip_nonfinite and nonfinite_check == "grads":
-    # Decided before the update, which then runs only when it is kept: no select over the
-    # params and optimizer state (a pass over both, ~8% of a 40M-parameter CPU step).
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    params, opt_state = jax.lax.cond(finite, update, lambda x: x,
-                                     (state.params, state.opt_state))
+  if (skip_nonfinite and nonfinite_check == "grads") or (veto is not None and not skip_nonfinite):
+    keep = True
+    if skip_nonfinite:
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+      keep = finite
+    if veto is not None:
+      keep = keep & ~veto
+    if skip_mode == "select":
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old),
+                                       update((state.params, state.opt_state)),
+                                       (state.params, state.opt_state))
+    else:
+      # Decided before the update, which then runs only when it is kept: no select over the
+      # params and optimizer state (a pass over both, ~8% of a 40M-parameter CPU step).
+      params, opt_state = jax.lax.cond(keep, update, lambda x: x,
+                                       (state.params, state.opt_state))
     param_norm = _global_norm(params)
   else:
     params, opt_state = update((state.params, state.opt_state))
     param_norm = _global_norm(params)
     if skip_nonfinite:  # "updated": also the updated parameters' norm
       finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
-      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+      keep = finite if veto is None else finite & ~veto
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old),
                                        (params, opt_state), (state.params, state.opt_state))
+      if veto is not None:
+        param_norm = _global_norm(params)
   return params, opt_state, param_norm, finite
+
+
+def gate_leaf(model_cfg: ModelConfig) -> str:
+  """The parameter the gradient gate monitors (`make_train_step`'s gate_leaf): the LM head
+  "lm_head" [D, V], or with tied embeddings (`tie_word_embeddings`: no lm_head leaf) the one
+  matrix "embed_tokens" [V, D] that serves as the LM head, whose gradient is then the head's part
+  plus the input embedding rows' part."""
+  return "embed_tokens" if model_cfg.tie_word_embeddings else "lm_head"
 
 
 def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformation,
@@ -433,7 +450,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
                     skip_nonfinite: bool = True, logprob_remat: str = "auto",
                     nonfinite_check: str = "grads",
                     logprob_processing: Optional[logprobs_lib.LogprobProcessing] = None,
-                    lora=None, skip_mode: str = "auto"):
+                    lora=None, skip_mode: str = "auto", gate_leaf: Optional[str] = None):
   """Builds the jitted `step(state: TrainState, batch: Batch) -> (state, metrics)`.
 
   loss_fn: a `LossFn` from `make_loss_fn(...)`; its aggregation / normalizer set the micro-batch
@@ -462,6 +479,13 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     distribution, whose log-probs the samplers store (`logprobs.LogprobProcessing`).
   lora: an `adapters.FrozenBase` (LoRA: state.params are its adapters, see the module docstring),
     or None (full fine-tuning).
+  gate_leaf: the gradient gate (`data.batch_reuse`, Dynamic Gradient Gating): the params' top-level
+    leaf it monitors (`gate_leaf(model_cfg)`); the step is then `step(state, batch, bound)` with
+    `bound` a float32 scalar: when the leaf's gradient energy (its squared L2 norm, before
+    clipping) exceeds it, the update is intercepted before the optimizer (params and optimizer
+    state kept, the step counter advances, as for a non-finite skip). Metrics gain
+    gate/lm_head_grad_energy and gate/fired (1 when intercepted). Not with LoRA (the head is
+    frozen there).
   metrics (float32 scalars, replicated): loss, grad_norm (before clipping), param_norm, learning_rate,
     entropy, tokens (completion tokens), seq_tokens (non-padding tokens), and loss_fn's aux (each
     of its keys needs a kind: `losses.AUX_KINDS`, or its correction's row). A batch's staleness is the buffer's to report
@@ -476,6 +500,9 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
   k = int(num_microbatches)
   if k < 1:
     raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+  if gate_leaf is not None and lora is not None:
+    raise ValueError("the gradient gate monitors the LM head's gradient, which LoRA freezes: "
+                     "use buffer.reuse_control='gradient_gate' with full fine-tuning")
   aggregation = loss_fn.aggregation
   needs_ref = loss_fn.needs_ref
   multiple = sharding.batch_size_multiple(mesh)
@@ -508,7 +535,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     (_, (loss, (aux, ent_sum))), grads = jax.value_and_grad(f, has_aux=True)(params)
     return loss, aux, ent_sum, grads
 
-  def step(state: TrainState, batch: Batch, base=None):
+  def step(state: TrainState, batch: Batch, base=None, bound=None):
     b, t = batch.tokens.shape
     if b % (k * multiple):
       raise ValueError(f"batch of {b} rows: must be a multiple of num_microbatches * data * fsdp = "
@@ -532,8 +559,15 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
           grad_fn, state, _split_microbatches(batch, k, mesh), state_shardings.params, aggregation,
           n_tok, n_rows)
     grad_norm = _global_norm(grads)
+    fired = energy = None
+    if bound is not None:  # the gradient gate: decided on the unclipped gradient, before Adam
+      energy = jnp.sum(jnp.square(grads[gate_leaf].astype(jnp.float32)))
+      fired = energy > bound
+      if skip_nonfinite:
+        fired = fired & jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     params, opt_state, param_norm, finite = _apply_update(
-        optimizer, state, grads, loss, grad_norm, skip_nonfinite, nonfinite_check, skip_mode)
+        optimizer, state, grads, loss, grad_norm, skip_nonfinite, nonfinite_check, skip_mode,
+        veto=fired)
     rng, _ = jax.random.split(state.rng)
 
     metrics = {
@@ -547,15 +581,26 @@ def make_train_step(model_cfg: ModelConfig, optimizer: optax.GradientTransformat
     metrics.update(aux)
     if skip_nonfinite:
       metrics["nonfinite_skipped"] = 1.0 - finite.astype(jnp.float32)
+    if bound is not None:
+      metrics["gate/lm_head_grad_energy"] = energy
+      metrics["gate/fired"] = fired.astype(jnp.float32)
     metrics = {key: jnp.asarray(v, jnp.float32) for key, v in metrics.items()}
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng,
                            ref_params=state.ref_params)
     return new_state, metrics
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))  # a prefix: rows of every field
+  out_shardings = (state_shardings, sharding.replicated(mesh))
+  if gate_leaf is not None:
+    def gated_step(state: TrainState, batch: Batch, bound):
+      return step(state, batch, None, jnp.asarray(bound, jnp.float32))
+    jitted = jax.jit(sharding.under_mesh(gated_step, mesh),
+                     in_shardings=(state_shardings, batch_sh, sharding.replicated(mesh)),
+                     out_shardings=out_shardings, donate_argnums=(0,) if donate else ())
+    return _with_global_batch(jitted, mesh)
   in_shardings = (state_shardings, batch_sh) + (() if lora is None else (lora.shardings,))
   jitted = jax.jit(sharding.under_mesh(step, mesh), in_shardings=in_shardings,
-                   out_shardings=(state_shardings, sharding.replicated(mesh)),
+                   out_shardings=out_shardings,
                    donate_argnums=(0,) if donate else ())
   return _with_global_batch(_bind_base(jitted, lora), mesh)
 
@@ -575,8 +620,8 @@ def _with_global_batch(jitted: Callable, mesh: Mesh) -> Callable:
   if jax.process_count() == 1:
     return jitted
 
-  def call(params_or_state, batch):
-    return jitted(params_or_state, sharding.global_batch(batch, mesh))
+  def call(params_or_state, batch, *args):
+    return jitted(params_or_state, sharding.global_batch(batch, mesh), *args)
   call.lower = jitted.lower
   return call
 

@@ -29,6 +29,18 @@ def sync_gamma(batch_size: int, rollouts_per_step: int, mu: float) -> float:
   return (batch_size + mu * rollouts_per_step) / ((1.0 + mu) * batch_size)
 
 
+def diagnostics_device_seconds(pass_rollouts: float, batch_size: int,
+                               train_seconds_per_step: float) -> float:
+  """Virtual device-seconds charged for regime diagnostics whose passes covered `pass_rollouts`
+  rollouts (B for the batch's forward + backward, 2 P for the probe's two forwards,
+  `run.regime`): each priced like a train step's share, pass_rollouts / B *
+  train_seconds_per_step."""
+  if pass_rollouts < 0 or batch_size < 1 or train_seconds_per_step < 0:
+    raise ValueError(f"pass_rollouts={pass_rollouts}, batch_size={batch_size}, "
+                     f"train_seconds_per_step={train_seconds_per_step}: need >= 0, >= 1, >= 0")
+  return float(pass_rollouts) / float(batch_size) * float(train_seconds_per_step)
+
+
 class ComputeAccountant:
   """Accumulates measured generation and training cost; thread-safe (workers report from threads).
 
@@ -53,7 +65,8 @@ class ComputeAccountant:
     self.model_cfg, self.seq_len = model_cfg, seq_len
     self._lock = threading.Lock()
     self._s = dict(generation_seconds=0.0, training_seconds=0.0, generation_tokens=0,
-                   training_tokens=0, generation_flops=0.0, training_flops=0.0, updates=0)
+                   training_tokens=0, generation_flops=0.0, training_flops=0.0, updates=0,
+                   diagnostics_seconds=0.0)
 
   def _flops(self, tokens: int, seq_len: Optional[int], factor: float) -> float:
     if self.model_cfg is None:
@@ -84,6 +97,14 @@ class ComputeAccountant:
       self._s["training_flops"] += flops
       self._s["updates"] += int(updates)
 
+  def add_diagnostics(self, device_seconds: float):
+    """Records charged regime diagnostics (`run.regime.charges_diagnostics`): measured
+    device-seconds, part of compute_seconds (compute/diagnostics_device_seconds)."""
+    if device_seconds < 0:
+      raise ValueError(f"negative cost: device_seconds={device_seconds}")
+    with self._lock:
+      self._s["diagnostics_seconds"] += float(device_seconds)
+
   def mu(self) -> float:
     """Measured mu (per token; see module docstring); nan until both sides have data."""
     with self._lock:
@@ -98,12 +119,15 @@ class ComputeAccountant:
     mu = _mu(s)
     w_over_t = self.num_workers / self.num_trainer_devices
     updates = s["updates"]
-    return {
+    charged = {"compute/diagnostics_device_seconds": s["diagnostics_seconds"]} if s[
+        "diagnostics_seconds"] else {}
+    return {**charged,
         "compute/measured_mu": mu,
         "compute/w_over_t": w_over_t,
         "compute/measured_gamma": (gamma(self.num_workers, self.num_trainer_devices, mu)
                                    if mu == mu else mu),
-        "compute_seconds": s["generation_seconds"] + s["training_seconds"],
+        "compute_seconds": (s["generation_seconds"] + s["training_seconds"] +
+                            s["diagnostics_seconds"]),
         "compute/generation_seconds": s["generation_seconds"],
         "compute/training_seconds": s["training_seconds"],
         "compute/flops": s["generation_flops"] + s["training_flops"],
@@ -121,7 +145,10 @@ class ComputeAccountant:
     with self._lock:
       return dict(self._s)
 
+  OPTIONAL_STATE = {"diagnostics_seconds": 0.0}  # added by issue 37: older checkpoints lack it
+
   def load_state_dict(self, state: dict[str, float]) -> None:
+    state = {**self.OPTIONAL_STATE, **state}
     missing = set(self._s) - set(state)
     if missing:
       raise ValueError(f"ComputeAccountant state lacks {sorted(missing)}")

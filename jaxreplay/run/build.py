@@ -31,6 +31,7 @@ from jaxreplay.models.config import ModelConfig
 from jaxreplay.learner import optim
 from jaxreplay.run import metrics_row
 from jaxreplay.run import regime
+from jaxreplay.data import batch_reuse
 from jaxreplay.data import reuse
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.run import schedules
@@ -53,7 +54,7 @@ def make_task(t):
   """The task of a config's task section `t` (config.task: `tasks.make_task` with its keys)."""
   if t.name == "arithmetic":
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), ops=t.ops, seed=0)
-  elif t.name == "scratchpad":
+  elif t.name in ("scratchpad", "multiplication"):
     kwargs = dict(num_digits=arithmetic_lib.digit_range(t.num_digits), seed=0)
   else:
     kwargs = dict(path=t.path, eval_path=t.eval_path or None, problem_key=t.problem_key,
@@ -149,7 +150,8 @@ class LearnerParts:
 @dataclasses.dataclass
 class DataParts:
   """The data plane: the task and its tokenizer, the replay buffer and the request intake that
-  fills it, the reuse controller that paces it, the collate buckets and the held-out problems."""
+  fills it, the reuse controller that paces it, the reuse of each fresh batch for several updates,
+  the collate buckets and the held-out problems."""
   task: Any
   codec: Any
   tokenizer_dir: Optional[str]
@@ -158,6 +160,8 @@ class DataParts:
   buckets: tuple
   eval_problems: list
   reuse: Optional[Any] = None   # data.reuse.ReuseController
+  # data.batch_reuse.BatchReuse: several updates per fresh batch (ppo_epochs, the gradient gate)
+  batch_reuse: Any = dataclasses.field(default_factory=lambda: batch_reuse.BatchReuse(1))
 
 
 @dataclasses.dataclass
@@ -225,11 +229,13 @@ def make_learner(c, model_cfg: ModelConfig, mesh) -> tuple[LearnerParts, Any, An
     base, state = lora_state(c, model_cfg, lora_spec, optimizer, mesh, params)
   del params
   state_sh = jax.tree.map(lambda x: x.sharding, state)
+  gated = c.buffer.get("reuse_control", "off") == batch_reuse.GATE_CONTROL
   train_step = trainer.make_train_step(model_cfg, optimizer, loss_fn, mesh, state_sh,
                                        num_microbatches=t.num_microbatches,
                                        chunk_size=t.logprob_chunk, learning_rate_fn=lr_fn,
                                        logprob_processing=trainer.logprob_processing(c),
-                                       lora=base, **trainer.step_options(t))
+                                       lora=base, **trainer.step_options(t),
+                                       gate_leaf=trainer.gate_leaf(model_cfg) if gated else None)
   logprob_fn = trainer.make_logprob_fn(model_cfg, mesh, state_sh.params, chunk_size=t.logprob_chunk,
                                        logprob_processing=trainer.logprob_processing(c), lora=base)
   return (LearnerParts(model_cfg=model_cfg, mesh=mesh, state=state, train_step=train_step,
@@ -337,7 +343,8 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       config=c, workdir=workdir,
       learner=learner,
       data=DataParts(task=task, codec=codec, tokenizer_dir=tok_dir, buffer=buf, intake=intake,
-                     buckets=buckets, eval_problems=eval_problems, reuse=reuse_controller),
+                     buckets=buckets, eval_problems=eval_problems, reuse=reuse_controller,
+                     batch_reuse=batch_reuse.BatchReuse.from_config(c)),
       generation=GenerationParts(rollouts=rollouts, eval_sampler=eval_sampler, sim_state=sim_state,
                                  gen_seconds_per_rollout=gen_seconds_per_rollout),
       telemetry=TelemetryParts(

@@ -12,6 +12,8 @@ restore, so they still resume):
   "eval_calls"         generate calls of the evaluations (the eval noise stream)
   "counters"           the metrics' counters that continue over resumes
   "regime", "reuse"    the regime diagnostics and the reuse controller (None when off)
+  "batch_reuse"        the fresh batch held for several updates, the position in it and the
+                       gradient gate's window (`data.batch_reuse`; None when not reusing)
   "nonfinite"          the non-finite guard's {"consecutive", "total"}
   "eval_grid"          the eval grid's {"next", "compute_at_step_end"}
   "scheduler"          the schedule's state when it has one (`Schedule.state_dict`)
@@ -60,6 +62,7 @@ class RunCheckpoint:
             "counters": tel.metrics.counters(),
             "regime": tel.regime.state_dict() if tel.regime is not None else None,
             "reuse": data.reuse.state_dict() if data.reuse is not None else None,
+            "batch_reuse": data.batch_reuse.state_dict() if data.batch_reuse.active else None,
             "nonfinite": {"consecutive": self.guard.consecutive, "total": self.guard.total},
             "eval_grid": self.evaluator.grid.state_dict()}
     scheduler_state = self.scheduler.state_dict()
@@ -86,6 +89,8 @@ class RunCheckpoint:
       tel.regime.load_state_dict(host["regime"])
     if host.get("reuse") and data.reuse is not None:
       data.reuse.load_state_dict(host["reuse"])
+    if host.get("batch_reuse") and data.batch_reuse.active:
+      data.batch_reuse.load_state_dict(host["batch_reuse"])
     if "nonfinite" in host:
       self.guard.consecutive = int(host["nonfinite"]["consecutive"])
       self.guard.total = int(host["nonfinite"]["total"])

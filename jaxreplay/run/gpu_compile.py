@@ -8,7 +8,9 @@ the first T devices, `trainer.init_train_state`, `trainer.state_shardings`,
 `trainer.make_train_step`, ...), and compiles each with XLA:GPU for that GPU:
 
   train_step      the update: the config's micro-batches, packing, remat, LoRA or full weights,
-                  KL reference, on the worst-case batch (buffer.batch_size rows of model.max_len)
+                  KL reference, the gradient gate's bound, on the worst-case batch
+                  (buffer.batch_size rows of model.max_len; also with trainer.ppo_minibatches,
+                  whose updates take B/m of them)
   logprob_fn      the trainer's log-probs of a training batch (the trainer / sampler mismatch)
   diagnostics     the regime diagnostics' forward + backward (log.diagnostics_every > 0)
   update_kl_probe the diagnostics' probe logits [probe, max_len, V] (log.diagnostics_probe > 0)
@@ -45,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxreplay.config import gpu_targets
 from jaxreplay.config import host_devices
 from jaxreplay.config import memory_plan
+from jaxreplay.data import batch_reuse
 from jaxreplay.infra import sharding
 from jaxreplay.learner import adapters
 from jaxreplay.learner import diagnostics
@@ -220,11 +223,15 @@ def programs(c, mesh) -> list[Program]:
   probe_rows = int(c.log.diagnostics_probe) if c.log.diagnostics_every else 0
   probe_out = (probe_rows * seq * cfg.vocab_size * 4) if probe_rows else 0  # replicated f32
   out = []
+  # The gradient gate's step (buffer.reuse_control "gradient_gate") takes its bound, a scalar.
+  gated = c.buffer.get("reuse_control", "off") == batch_reuse.GATE_CONTROL
   step = trainer.make_train_step(cfg, optimizer, loss_fn, mesh, state_sh,
                                  num_microbatches=t.num_microbatches, chunk_size=t.logprob_chunk,
                                  learning_rate_fn=lr_fn, logprob_processing=processing, lora=base,
-                                 **trainer.step_options(t))
-  out.append(Program("train_step", step, (state, batch), sampler_copy + probe_out,
+                                 **trainer.step_options(t),
+                                 gate_leaf=trainer.gate_leaf(cfg) if gated else None)
+  step_args = (state, batch) + ((jax.ShapeDtypeStruct((), jnp.float32),) if gated else ())
+  out.append(Program("train_step", step, step_args, sampler_copy + probe_out,
                      donated_bytes=_bytes(state),
                      what=f"{rows} rows x {seq} tokens{' packed' if packed else ''} in "
                           f"{int(t.num_microbatches)} micro-batches"))

@@ -26,8 +26,13 @@ Keys of a row, by source (units in brackets):
                                  share of held / batch rollouts whose group's rewards are all equal)
   compute_seconds                THE x-axis of accuracy vs compute [device-seconds]: under
                                  scheduler.kind="simulated" the modelled hardware's virtual
-                                 device-seconds (= sim/compute_seconds); under "async" the measured
-                                 ones (= compute/measured_seconds)
+                                 device-seconds (= sim/compute_seconds, + the charged
+                                 diagnostics); under "async" the measured ones (=
+                                 compute/measured_seconds)
+  compute/diagnostics_device_seconds  the regime diagnostics charged to the run's compute so far
+                                 (log.charge_diagnostics, `run.regime`: auto = when the design
+                                 reads them, buffer.reuse_control adaptive): priced passes under
+                                 "simulated" / "sync", measured under "async"; absent when none
   compute/mu, compute/gamma      THE run's mu and gamma: under "simulated" and "sync" the modelled
                                  ones (= sim/mu, sim/gamma), under "async" the measured ones
   compute/*                      otherwise measured on this machine by `ComputeAccountant`
@@ -73,6 +78,20 @@ Keys of a row, by source (units in brackets):
                                  controller/guards_fired, controller/newest_unused (1 while
                                  rho = 1: updates take the newest unused rollouts),
                                  controller/reason (words)
+  batch_reuse/*                  several updates per fresh batch (`jaxreplay.data.batch_reuse`:
+                                 trainer.ppo_epochs / ppo_minibatches, buffer.reuse_control
+                                 gradient_gate): batch_reuse/index (the update's number on its
+                                 batch, from 1), batch_reuse/epoch (ppo, from 0); on the row that
+                                 ends a batch batch_reuse/updates (updates applied to it) and
+                                 batch_reuse/epochs (epochs taken). The buffer's last-sample keys
+                                 (`buffer_keys.LAST_SAMPLE_KEYS`: the batch's use counts and
+                                 staleness when sampled) are on the row of the batch's first update
+                                 only: the later ones sample nothing
+  gate/*                         the gradient gate (gradient_gate): gate/lm_head_grad_energy
+                                 (squared norm of the LM head's unclipped gradient), gate/fired (1:
+                                 update intercepted, the batch ends), gate/bound (the energy that
+                                 fires; inf when it may not), gate/zscore (of the energy's increment
+                                 against the window, once armed)
   diag/*                         regime diagnostics (`jaxreplay.run.regime`), every
                                  log.diagnostics_every steps: diag/noise_scale (smoothed B_simple
                                  [rollouts]), diag/noise_scale_raw, diag/batch_over_noise_scale,
@@ -96,6 +115,7 @@ import numpy as np
 
 from jaxreplay.run import accounting
 from jaxreplay.run import schedules
+from jaxreplay.data import buffer_keys
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.infra import sharding
 from jaxreplay.data.experience import to_rollouts
@@ -261,10 +281,11 @@ class RunMetrics:
     return sim_compute_metrics(self.sim_state, self.mu, self.gamma(self.sim_state))
 
   def compute_seconds(self) -> float:
-    """The run's compute axis now: virtual device-seconds (simulated, sync) or measured ones."""
+    """The run's compute axis now: virtual device-seconds (simulated, sync: generation + training
+    + the charged diagnostics) or measured ones."""
     if self.gamma is not None:
       s = self.sim_state
-      return s.generation_device_seconds + s.training_device_seconds
+      return s.generation_device_seconds + s.training_device_seconds + s.diagnostics_device_seconds
     return self.accountant.metrics()["compute_seconds"]
 
   def first_row(self, eval_metrics: Mapping[str, float]) -> dict[str, Any]:
@@ -285,12 +306,18 @@ class RunMetrics:
     row["fresh_rollouts"] = float(fresh.size)
     row["diag/zero_variance_fraction"] = zero_variance_fraction(fresh, self.group_size)
     row.update(self.buffer.metrics(current_version=step))
+    if step_metrics.get("batch_reuse/index", 1.0) > 1:  # a held batch's later update: no sample
+      for key in buffer_keys.LAST_SAMPLE_KEYS:  # (so a resume mid-batch gives the same rows)
+        row.pop(key, None)
     row.update(self.accountant.metrics())
     row["compute/measured_seconds"] = row["compute_seconds"]
     sim = self.sim()
     row.update(sim)
     if sim:
-      row["compute_seconds"] = sim["sim/compute_seconds"]
+      charged = self.sim_state.diagnostics_device_seconds
+      row["compute_seconds"] = sim["sim/compute_seconds"] + charged
+      if charged:
+        row["compute/diagnostics_device_seconds"] = charged
       row["compute/mu"], row["compute/gamma"] = sim["sim/mu"], sim["sim/gamma"]
     else:
       row["compute/mu"] = row["compute/measured_mu"]

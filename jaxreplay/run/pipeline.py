@@ -63,7 +63,8 @@ class Pipeline:
     self.parts, self.config = parts, parts.config
     self.scheduler, self.stop = scheduler, stop
     self.intake = parts.data.intake  # `schedules.Hooks.intake`
-    self.training = training_lib.Training(parts, scheduler.mismatch_at_generation)
+    self.training = training_lib.Training(parts, scheduler.mismatch_at_generation,
+                                          scheduler.virtual_time)
     self.evaluator = evaluator_lib.Evaluator(parts)
     self.guard = safety.NonFiniteGuard(parts.config.trainer.max_nonfinite_skips)
     self.checkpoints = checkpointing.RunCheckpoint(parts, self.training, self.evaluator, self.guard,
@@ -109,6 +110,9 @@ class Pipeline:
 
   def sample_rollouts(self) -> list:
     return self.training.sample_rollouts()
+
+  def train_share(self, result: training_lib.StepResult) -> float:
+    return result.train_share
 
   def train_on(self, rollouts, now: float) -> training_lib.StepResult:
     return self.training.train_on(rollouts, now)

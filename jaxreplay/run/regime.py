@@ -1,8 +1,9 @@
 """Regime diagnostics of a run (host side): is it sample-limited or update-limited, how stale is it.
 
 Every `log.diagnostics_every` steps (0 = off) `RegimeDiagnostics` measures, before the update and on
-the batch it will use (`learner.diagnostics`: one extra forward + backward, no update, not counted
-in `compute_seconds`), and after it on a fixed probe, and returns metrics-row keys:
+the batch it will use (`learner.diagnostics`: one extra forward + backward, no update), and after
+it on a fixed probe (a forward pass over its rollouts before and after the update), and returns
+metrics-row keys:
 
   diag/noise_scale           B_simple = tr(Sigma) / |G|^2 in rollouts, a ratio of exponential moving
                              averages of the two unbiased estimates (McCandlish et al. 2018); NaN
@@ -17,6 +18,20 @@ in `compute_seconds`), and after it on a fixed probe, and returns metrics-row ke
                              off-policyness of the batch (`learner.diagnostics.off_policy_stats`)
 The probe is the first `log.diagnostics_probe` rollouts of the run's first measured batch; it and
 the moving averages are checkpointed (`state_dict`), so a resumed run continues them.
+
+Who pays for them (`log.charge_diagnostics`, `charges_diagnostics`): a design that reads the
+diagnostics to decide (buffer.reuse_control "adaptive": `data.reuse.READS_DIAGNOSTICS`) is charged
+their passes ("auto", the default; "on" charges every run, "off" none); for every other design they
+are measurement, not part of the design, and cost nothing. Charged, each measurement adds to the
+run's compute (`compute_seconds`, and the counter compute/diagnostics_device_seconds): under the
+simulated / sync schedules its passes priced like training, (B + 2 P) / B * train_seconds_per_step
+device-seconds for the forward + backward over the batch's B rollouts and the probe's two forward
+passes over its P rollouts (`accounting.diagnostics_device_seconds`; a forward priced as a forward
++ backward, an upper bound: measured on CPU, the diagnostics took 0.6-0.8 of a train step); under
+the async schedule their measured seconds on the T trainer devices. The charge is not put on the
+simulated clock (the schedule's events are those of the uncharged run: the paced designs' trainer
+waits for generation, when the passes would run) and not into sim/* (the modelled generation and
+training).
 """
 from __future__ import annotations
 
@@ -28,8 +43,18 @@ from absl import logging
 import jax
 import numpy as np
 
+from jaxreplay.data import reuse
 from jaxreplay.learner import diagnostics
 from jaxreplay.learner.batch import Rollout
+
+
+def charges_diagnostics(config) -> bool:
+  """Whether the run's compute includes its regime diagnostics (log.charge_diagnostics: "auto" =
+  the design reads them, buffer.reuse_control in `data.reuse.READS_DIAGNOSTICS`; "on"; "off")."""
+  mode = str(config.log.get("charge_diagnostics", "auto"))
+  if mode == "auto":
+    return config.buffer.get("reuse_control", "off") in reuse.READS_DIAGNOSTICS
+  return mode == "on"
 
 
 class NoiseScale:
@@ -112,6 +137,7 @@ class RegimeDiagnostics:
     self._probe_batch = None
     self._before = None
     self._warned = False
+    self.pass_rollouts = 0.0  # the last measurement's rollouts through a pass (B + 2 P)
 
   def due(self, step: int) -> bool:
     """Whether the update from `step` to step + 1 is measured."""
@@ -142,12 +168,14 @@ class RegimeDiagnostics:
     for key in ("behaviour_kl_k3", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_outside_clip",
                 "is_ess"):
       out[f"diag/{key}"] = raw[key]
+    self.pass_rollouts = float(len(rollouts))
     if self._probe_fn is not None:
       if self.probe is None:
         self.probe = list(rollouts[:self.probe_rollouts])
       if self._probe_batch is None:
         self._probe_batch = self._collate(self.probe)
       self._before = self._probe_fn(params, self._probe_batch)
+      self.pass_rollouts += 2.0 * len(self.probe)  # this forward and the one after the update
     return out
 
   def after_update(self, params) -> dict[str, float]:

@@ -10,6 +10,10 @@ Per sweep, in DIR/figures/:
   SWEEP_pareto.png          (lr_sweep) per family the best median pass@1 over learning rates at
                             each compute (the Pareto frontier of Fig. 4), each LR thin
   SWEEP_grid.png            (sync_grid) final median pass@1 over N/R x B/R
+  SWEEP_compute_to_target.png  (sweeps with learning-rate families, e.g. pareto) per family at its
+                            best rate, the compute to reach each accuracy target over on-policy's
+                            (geometric mean over paired seeds, 95% t interval band), with the
+                            lines 1.0 (as much as on-policy) and 0.6 (the project's goal)
 """
 from __future__ import annotations
 
@@ -36,7 +40,16 @@ def _eval_words(sweep: dict[str, Any]) -> dict[str, str]:
       "top_p", 1.0)
   return {"pass1": f"pass@1 (T={t1:g}, top-p {top_p:g})",
           "passk": f"T={tk:g}, top-p {top_p:g}",
-          "problems": f"{ev.get('num_problems', '?')} held-out problems"}
+          "problems": f"{ev.get('num_problems', '?')} held-out problems",
+          "pass1_problems": _pass1_problems(ev)}
+
+
+def _pass1_problems(ev: dict[str, Any]) -> str:
+  """The held-out problems of the pass@1-only evaluations between the full ones (eval.pass1_problems;
+  0 = all of eval.num_problems)."""
+  n, every = ev.get("pass1_problems", 0), ev.get("num_problems", "?")
+  return f"{every} held-out problems" if not n or n == every else (
+      f"{n} held-out problems ({every} at the start and end)")
 
 
 def _new_figure(panels: int, width: float = 5.5, height: float = 4.0):
@@ -215,6 +228,49 @@ def plot_grid(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
   return _save(fig, path)
 
 
+GOAL_RATIO = 0.6  # issue 37's goal: every target with <= 0.6x on-policy's compute
+
+
+def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
+                           ) -> Optional[str]:
+  """Per family (`summary.families[F].compute_to_target`): ratio to the baseline family's compute
+  vs the target, the 95% t interval as a band, horizontal lines at 1.0 and GOAL_RATIO."""
+  summ = sweep["summary"]
+  families = {f: v for f, v in summ.get("families", {}).items() if v.get("compute_to_target")}
+  if not families:
+    return None
+  base = summ.get("family_targets", {}).get("baseline_family") or "on-policy"
+  fig, axes = _new_figure(1, width=7.5, height=4.5)
+  ax, drawn = axes[0], False
+  for fam, v in families.items():
+    entries = v["compute_to_target"]
+    x = np.array([e["target"] for e in entries], np.float64)
+    y = _arr([e["ratio"] for e in entries])
+    lo, hi = _arr([e["ci95"][0] for e in entries]), _arr([e["ci95"][1] for e in entries])
+    ok = ~np.isnan(y)
+    if not ok.any():
+      continue
+    seeds = ", ".join(str(e["reached_seeds"]) for e in entries)
+    line, = ax.plot(x[ok], y[ok], marker="o", markersize=4,
+                    label=f"{fam} at lr {v['best_lr']:.3g} (seeds reaching: {seeds})")
+    band = ok & ~np.isnan(lo) & ~np.isnan(hi)
+    ax.fill_between(x[band], lo[band], hi[band], color=line.get_color(), alpha=0.15)
+    drawn = True
+  if not drawn:
+    return None
+  ax.axhline(1.0, color="black", linewidth=1.0, label=f"1.0: as much compute as {base}")
+  ax.axhline(GOAL_RATIO, color="black", linestyle="--", linewidth=1.0,
+             label=f"{GOAL_RATIO}: the goal (<= {GOAL_RATIO}x {base}'s compute)")
+  ax.set_xlabel(f"target accuracy: {words['pass1']} on {words['pass1_problems']}")
+  ax.set_ylabel(f"compute to reach the target / {base}'s compute (ratio)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize="small")
+  _title(fig, f"{name}: compute (device-seconds) each design needs to reach each accuracy, as a "
+         f"ratio to {base} at its best learning rate; geometric mean over paired seeds with its "
+         "95% t interval")
+  return _save(fig, path)
+
+
 def plot_sweep(name: str, sweep: dict[str, Any], out_dir: str) -> list[str]:
   """Every figure of one sweep of results.json; returns the paths written."""
   if not sweep["summary"]["arms"]:
@@ -236,6 +292,8 @@ def plot_sweep(name: str, sweep: dict[str, Any], out_dir: str) -> list[str]:
   if sweep.get("figure") in extra:
     paths.append(extra[sweep["figure"]](
         name, sweep, os.path.join(out_dir, f"{name}_{sweep['figure']}.png"), words))
+  paths.append(plot_compute_to_target(name, sweep,
+                                      os.path.join(out_dir, f"{name}_compute_to_target.png"), words))
   return [p for p in paths if p]
 
 

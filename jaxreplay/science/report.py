@@ -2,9 +2,13 @@
 
 Written by `python -m jaxreplay.experiments` next to results.json (and by `--report_only`), so every
 number EXPERIMENTS.md quotes can be found in a table generated from results.json, with its spread:
-median [q25, q75] over seeds for an arm, mean [95% bootstrap interval] for per-seed paired
-differences against the sweep's baseline arm. Compute is in device-seconds of the simulated hardware;
-"-" is a value that does not exist (not reached, not measured, or no paired seed).
+median [q25, q75] over seeds for an arm, mean [95% t interval] for per-seed paired differences
+against the sweep's baseline arm (`stats.paired`; the bootstrap interval stays in results.json as
+ci95_bootstrap). Sweeps with learning-rate families also get a family table: each family's best
+rate and bracket (judged on >= 2 seeds per rate) and its compute to each family target as a ratio
+to the baseline family's (geometric mean over paired seeds [95% t interval], seeds reaching it).
+Compute is in device-seconds of the simulated hardware; "-" is a value that does not exist (not
+reached, not measured, or no paired seed).
 """
 from __future__ import annotations
 
@@ -84,7 +88,34 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
               "bracket it; a seed that never reaches it counts as infinite in the median.", ""]
     if sweep.get("figure") == "pareto":
       lines += frontier_table(sweep, targets)
-  return lines
+  return lines + family_table(summ)
+
+
+def family_table(summ: dict[str, Any]) -> list[str]:
+  """Each learning-rate family: best rate, bracket, final pass@1, the paired difference to its
+  baseline arm, and compute to each family target over the baseline family's."""
+  families = summ.get("families") or {}
+  if not families:
+    return []
+  ft = summ.get("family_targets", {})
+  targets = ft.get("targets", [])
+  head = ["family", "best lr (seeds)", "bracketed", "final pass@1", "minus baseline [t 95%]"] + [
+      f"compute to {t:.3f} / {ft.get('baseline_family', 'baseline')}" for t in targets]
+  lines = [f"Families: best rate = highest median final pass@1 among rates with >= "
+           f"{stats_lib.MIN_SEEDS} seeds; bracketed = the nearest rates on both sides have >= "
+           f"{stats_lib.MIN_SEEDS} seeds and end lower. Targets: {ft.get('rule', '-')}. Ratio "
+           "cells: geometric mean over the seeds where both reach it [95% t interval] (seeds).", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for fam, f in families.items():
+    seeds = dict(zip(f["lrs"], f.get("seeds_by_lr", [])))
+    row = [fam, f"{f['best_lr']:.3g} ({seeds.get(f['best_lr'], '?')})",
+           "yes" if f["bracketed"] else "no", _q(f["final_pass1"]), _p(f.get("vs_baseline"))]
+    for e in f.get("compute_to_target", []):
+      lo, hi = e["ci95"]
+      row.append("-" if e["ratio"] is None else
+                 f"{e['ratio']:.2f} [{_f(lo, 2)}, {_f(hi, 2)}] ({e['reached_seeds']})")
+    lines.append("| " + " | ".join(row) + " |")
+  return lines + [""]
 
 
 def frontier_table(sweep: dict[str, Any], targets: Sequence[float]) -> list[str]:
@@ -95,7 +126,7 @@ def frontier_table(sweep: dict[str, Any], targets: Sequence[float]) -> list[str]
   fr = stats_lib.frontier_ratios(sweep["summary"]["arms"], families, targets, "replay", "onpolicy")
   lines = ["Frontier (Fig. 4): per seed, the least compute any arm of a family needs to reach the "
            "target (its best learning rate for that seed); ratio = replay / on-policy, geometric "
-           "mean over seeds [95% bootstrap interval].", "",
+           "mean over seeds [95% t interval].", "",
            "| target pass@1 | on-policy frontier per seed | replay frontier per seed | replay / on-policy | best arms (on-policy; replay) |",
            "|---|---|---|---|---|"]
   for key, f in fr.items():
@@ -113,7 +144,7 @@ def report(results: dict[str, Any]) -> str:
   """The whole report.md text."""
   lines = ["# Sweep report (generated from results.json by jaxreplay.science.report)", "",
            "Cells: median [q25, q75] over seeds; differences to the baseline arm: mean of per-seed "
-           "paired differences [95% bootstrap interval] (n seeds). pass@1 at T=0.1; pass@k at "
+           "paired differences [95% t interval] (n seeds). pass@1 at T=0.1; pass@k at "
            "T=1.0; top-p 0.95; compute in device-seconds of the simulated hardware.", ""]
   for name, sweep in results["sweeps"].items():
     lines += sweep_table(name, sweep)

@@ -437,7 +437,12 @@ def build_results(out: str) -> dict[str, Any]:
         curves, run_stats, plan["grid"], {a: v["baseline"] for a, v in plan["arms"].items()},
         plan["baseline"])
     if any(a.get("family") for a in plan["arms"].values()):
-      summary["families"] = stats_lib.family_summary(summary["arms"], plan["arms"])
+      families = stats_lib.family_summary(summary["arms"], plan["arms"])
+      base_family = plan["arms"].get(plan["baseline"], {}).get("family")
+      targets = stats_lib.add_compute_to_target(families, curves, base_family)
+      summary["families"] = families
+      summary["family_targets"] = {"baseline_family": base_family, "targets": targets,
+                                   "rule": stats_lib.TARGET_RULE}
     results["sweeps"][name] = {k: v for k, v in plan.items() if k != "runs"}
     results["sweeps"][name]["finished_runs"] = sum(len(v) for v in curves.values())
     results["sweeps"][name]["planned_runs"] = len(plan["runs"])

@@ -1,10 +1,35 @@
 """Statistics of a sweep: medians and IQR over seeds on a compute grid, compute to reach a target
-accuracy, per-seed paired differences with bootstrap intervals. Pure functions over plain data.
+accuracy, per-seed paired differences with t intervals. Pure functions over plain data.
 
 A run's curve is the list of its metrics rows at evaluation points (`eval_rows`), each with
 `compute_seconds` [device-seconds] and `eval/*` values. Values are read off a curve only between
 real evaluation points (linear interpolation), never beyond the first or last one. Missing values
 are None; quantiles treat "not reached" as +inf and JSON writes non-finite numbers as null.
+
+Methods (issue 37: fit for 4-8 seeds):
+  paired differences   per seed, arm minus its baseline arm at the same seed; "ci95" is the
+                       two-sided 95% Student t interval of their mean, mean +- t_{0.975, n-1} *
+                       s / sqrt(n) (s: the sample standard deviation, ddof 1; none for n < 2;
+                       `t_interval`, t quantiles from the regularized incomplete beta function,
+                       `t_quantile`); "ci95_bootstrap" keeps the percentile bootstrap of the mean
+                       (10,000 resamples, seed 0) as a secondary number: with 4 seeds it is too
+                       narrow (it can only resample the 4 values it has).
+  a family's best rate the rate with the highest median final pass@1 among the rates with >= 2
+                       finished seeds (`MIN_SEEDS`); "bracketed" when the nearest finished rates
+                       below and above it both have >= 2 seeds and lower medians.
+  compute to target    per seed, the compute at which the run's pass@1 curve (evaluations on the
+                       sweep's dense grid) first reaches the target, linearly interpolated between
+                       the two evaluations that bracket it (`compute_to_target`).
+  family targets       `FAMILY_TARGETS` = 4 targets equally spaced from the start to the
+                       baseline family's final accuracy: start + i / 4 * (final - start), i = 1..4,
+                       start = the median first evaluation of every finished run, final = the
+                       median final pass@1 of the baseline family (on-policy) at its best rate
+                       (`family_targets`, rounded to 4 decimals).
+  ratio to on-policy   for each target, each family's best-rate arm against the baseline
+                       family's best-rate arm, paired by seed over the seeds where both reach the
+                       target: the geometric mean of the per-seed ratios, exp(mean log ratio), with
+                       the 95% t interval of the mean log ratio mapped through exp
+                       (`compute_ratios`); "reached_seeds" counts those seeds.
 """
 from __future__ import annotations
 
@@ -18,6 +43,12 @@ PRIMARY = "eval/pass@1"
 BOOTSTRAP_RESAMPLES = 10000
 BOOTSTRAP_SEED = 0
 TARGET_FRACTIONS = (0.5, 0.75, 0.9)
+CI_LEVEL = 0.95
+MIN_SEEDS = 2        # a rate counts for a family's best and its bracket with this many seeds
+FAMILY_TARGETS = 4   # compute-to-target points of the family summaries
+TARGET_RULE = ("4 targets equally spaced from the median start pass@1 of every finished run to the "
+               "baseline family's median final pass@1 at its best rate: start + i/4 * (final - "
+               "start), i = 1..4")
 
 Row = Mapping[str, Any]
 
@@ -110,13 +141,88 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95,
   return float(lo), float(hi)
 
 
+def _betacf(a: float, b: float, x: float) -> float:
+  """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+  tiny, eps = 1e-300, 1e-16
+  qab, qap, qam = a + b, a + 1.0, a - 1.0
+  c, d = 1.0, 1.0 - qab * x / qap
+  d = 1.0 / (d if abs(d) > tiny else tiny)
+  h = d
+  for m in range(1, 1000):
+    m2 = 2 * m
+    for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+               -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+      d = 1.0 + aa * d
+      d = 1.0 / (d if abs(d) > tiny else tiny)
+      c = 1.0 + aa / c
+      c = c if abs(c) > tiny else tiny
+      h *= d * c
+    if abs(d * c - 1.0) < eps:
+      break
+  return h
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+  """The regularized incomplete beta function I_x(a, b), a, b > 0, x in [0, 1]."""
+  if x <= 0.0:
+    return 0.0
+  if x >= 1.0:
+    return 1.0
+  log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
+               + b * math.log1p(-x))
+  if x < (a + 1.0) / (a + b + 2.0):
+    return math.exp(log_front) * _betacf(a, b, x) / a
+  return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+  """P(T <= t) of Student's t with `df` degrees of freedom."""
+  tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+  return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+  """The p-quantile of Student's t with `df` > 0 degrees of freedom (bisection on `t_cdf` to
+  1e-12 relative)."""
+  if not 0.0 < p < 1.0 or not df > 0:
+    raise ValueError(f"t_quantile(p={p}, df={df}): need 0 < p < 1 and df > 0")
+  if p < 0.5:
+    return -t_quantile(1.0 - p, df)
+  lo, hi = 0.0, 1.0
+  while t_cdf(hi, df) < p:
+    lo, hi = hi, 2.0 * hi
+  for _ in range(200):
+    mid = 0.5 * (lo + hi)
+    if t_cdf(mid, df) < p:
+      lo = mid
+    else:
+      hi = mid
+    if hi - lo <= 1e-12 * max(1.0, hi):
+      break
+  return 0.5 * (lo + hi)
+
+
+def t_interval(values: Sequence[float], level: float = CI_LEVEL
+               ) -> tuple[Optional[float], Optional[float]]:
+  """The two-sided Student t interval of the mean of `values`: mean +- t_{(1+level)/2, n-1} * s /
+  sqrt(n), s with ddof 1; (None, None) for fewer than 2 values."""
+  v = np.asarray(values, np.float64)
+  if v.size < 2:
+    return None, None
+  half = t_quantile(0.5 * (1.0 + level), v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+  mean = float(v.mean())
+  return mean - half, mean + half
+
+
 def paired(values: Sequence[Optional[float]]) -> dict[str, Any]:
-  """Summary of per-seed paired differences (None entries dropped): n, mean, median, ci95 (bootstrap
-  of the mean), and the values themselves (in seed order, None kept)."""
+  """Summary of per-seed paired differences (None entries dropped): n, mean, median, ci95 (the t
+  interval of the mean, `t_interval`), ci95_bootstrap (percentile bootstrap of the mean, a
+  secondary number), and the values themselves (in seed order, None kept)."""
   v = [x for x in values if x is not None]
-  lo, hi = bootstrap_ci(v)
+  lo, hi = t_interval(v)
   return {"n": len(v), "mean": float(np.mean(v)) if v else None,
           "median": float(np.median(v)) if v else None, "ci95": [lo, hi],
+          "ci95_bootstrap": list(bootstrap_ci(v)),
           "values": [json_number(x) if x is not None else None for x in values]}
 
 
@@ -283,7 +389,7 @@ def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str
     numerator, denominator: the two families (ratio = numerator / denominator).
   Returns:
     target key ("0.307") -> {numerator: per-seed compute, denominator: per-seed compute ("inf"
-    never reached), "ratio": geometric mean of the per-seed ratios with a bootstrap interval
+    never reached), "ratio": geometric mean of the per-seed ratios with a t interval
     (computed in log space; seeds where either never reaches the target are left out), "arms":
     the arm that reached the target first per seed, per family}.
   """
@@ -323,7 +429,7 @@ def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str
 def family_summary(arms: Mapping[str, Mapping[str, Any]], plan_arms: Mapping[str, Mapping[str, Any]],
                    metric: str = PRIMARY, lr_key: str = "trainer.learning_rate"
                    ) -> dict[str, dict[str, Any]]:
-  """Each family's learning-rate bracket (issue 26's decisive sweep).
+  """Each family's learning-rate bracket (issues 26, 37; the module docstring's rule).
 
   Args:
     arms: `sweep_summary(...)["arms"]` (finished arms only).
@@ -332,11 +438,12 @@ def family_summary(arms: Mapping[str, Mapping[str, Any]], plan_arms: Mapping[str
     lr_key: the override that holds an arm's learning rate.
   Returns:
     {family: {"lrs": the learning rates with finished runs (ascending), "final_by_lr": the final
-    median of each, "best_lr", "best_arm" (highest final median), "bracketed": whether a finished
-    lower and a finished higher rate both end below the best, "final_pass1": the best arm's final
-    quantiles over seeds (median, q25, q75, n), "vs_baseline": its paired final difference with its
-    baseline arm (mean, bootstrap ci95, n; None without one)}}; arms without a family or without
-    a learning-rate override are left out.
+    median of each, "seeds_by_lr": its finished seeds, "best_lr", "best_arm" (highest final median
+    among the rates with >= MIN_SEEDS seeds; among all when none has), "bracketed": whether the
+    nearest finished rates below and above the best both have >= MIN_SEEDS seeds and end lower,
+    "final_pass1": the best arm's final quantiles over seeds (median, q25, q75, n), "vs_baseline":
+    its paired final difference with its baseline arm (mean, t ci95, bootstrap ci95, n; None
+    without one)}}; arms without a family or without a learning-rate override are left out.
   """
   by_family: dict[str, list[tuple[float, str]]] = {}
   for arm, spec in plan_arms.items():
@@ -347,18 +454,81 @@ def family_summary(arms: Mapping[str, Mapping[str, Any]], plan_arms: Mapping[str
   for family, members in by_family.items():
     members.sort()
     finals = [_num(arms[a]["final"][metric]["median"]) for _, a in members]
-    scored = [(f, lr, a) for (lr, a), f in zip(members, finals) if f is not None]
+    seeds = [int(arms[a]["final"][metric].get("n") or 0) for _, a in members]
+    scored = [(f, lr, a, n) for (lr, a), f, n in zip(members, finals, seeds) if f is not None]
     if not scored:
       continue
-    best, best_lr, best_arm = max(scored, key=lambda x: x[0])
-    lower = [f for f, lr, _ in scored if lr < best_lr]
-    higher = [f for f, lr, _ in scored if lr > best_lr]
+    eligible = [x for x in scored if x[3] >= MIN_SEEDS] or scored
+    best, best_lr, best_arm, best_n = max(eligible, key=lambda x: x[0])
+    lower = [x for x in scored if x[1] < best_lr]
+    higher = [x for x in scored if x[1] > best_lr]
+    sides = [max(lower, key=lambda x: x[1]) if lower else None,
+             min(higher, key=lambda x: x[1]) if higher else None]
+    bracketed = best_n >= MIN_SEEDS and all(
+        x is not None and x[3] >= MIN_SEEDS and x[0] < best for x in sides)
     vs = arms[best_arm].get("vs_baseline")
     out[family] = {
         "lrs": [lr for lr, _ in members], "final_by_lr": [json_number(f) for f in finals],
-        "best_lr": best_lr, "best_arm": best_arm,
-        "bracketed": bool(lower and higher and max(lower) < best and max(higher) < best),
+        "seeds_by_lr": seeds, "best_lr": best_lr, "best_arm": best_arm, "bracketed": bracketed,
         "final_pass1": {q: arms[best_arm]["final"][metric][q]
                         for q in ("median", "q25", "q75", "n")},
         "vs_baseline": ({"baseline": vs["baseline"], **vs["final"][metric]} if vs else None)}
   return out
+
+
+def family_targets(curves: Mapping[str, Mapping[int, Sequence[Row]]],
+                   baseline: Optional[Mapping[str, Any]], metric: str = PRIMARY,
+                   count: int = FAMILY_TARGETS) -> list[float]:
+  """`count` targets equally spaced from the start to the baseline family's final accuracy
+  (`TARGET_RULE`): start = the median first evaluation over every run in `curves`, final = the
+  baseline family's best arm's median final (`family_summary(...)[family]`); none when it does not
+  end above the start."""
+  if not baseline or baseline.get("final_pass1", {}).get("median") is None:
+    return []
+  firsts = [float(series(c, metric)[1][0]) for by_seed in curves.values()
+            for c in by_seed.values() if len(series(c, metric)[1])]
+  if not firsts:
+    return []
+  start, final = float(np.median(firsts)), float(baseline["final_pass1"]["median"])
+  if final <= start:
+    return []
+  return [round(start + i / count * (final - start), 4) for i in range(1, count + 1)]
+
+
+def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence[Row]],
+                   targets: Sequence[float], metric: str = PRIMARY) -> list[dict[str, Any]]:
+  """Per target, compute to reach it of `arm`'s seeds over `base`'s at the same seed (the module
+  docstring's rule): [{"target", "ratio" (geometric mean), "ci95" (exp of the t interval of the
+  mean log ratio), "reached_seeds" (seeds where both reach it), "seeds" (seeds both have),
+  "values" (per-seed ratio, None where either never reaches it)}]."""
+  seeds = sorted(set(arm) & set(base))
+  out = []
+  for t in targets:
+    ratios = []
+    for sd in seeds:
+      a = compute_to_target(*series(arm[sd], metric), t)
+      b = compute_to_target(*series(base[sd], metric), t)
+      ratios.append(a / b if a is not None and b is not None and b > 0 else None)
+    logs = [math.log(r) for r in ratios if r is not None]
+    lo, hi = t_interval(logs)
+    out.append({"target": float(t),
+                "ratio": json_number(math.exp(float(np.mean(logs)))) if logs else None,
+                "ci95": [None if lo is None else json_number(math.exp(lo)),
+                         None if hi is None else json_number(math.exp(hi))],
+                "reached_seeds": len(logs), "seeds": len(seeds),
+                "values": [json_number(r) if r is not None else None for r in ratios]})
+  return out
+
+
+def add_compute_to_target(families: dict[str, dict[str, Any]],
+                          curves: Mapping[str, Mapping[int, Sequence[Row]]],
+                          baseline_family: Optional[str], metric: str = PRIMARY) -> list[float]:
+  """Adds "compute_to_target" (`compute_ratios` of its best arm against the baseline family's best
+  arm at `family_targets`) to every family of `family_summary`'s result; returns the targets."""
+  base = families.get(baseline_family or "")
+  targets = family_targets(curves, base, metric)
+  for fam in families.values():
+    fam["compute_to_target"] = (
+        compute_ratios(curves.get(fam["best_arm"], {}), curves.get(base["best_arm"], {}),
+                       targets, metric) if base is not None else [])
+  return targets

@@ -303,17 +303,51 @@ DECISIVE_FAMILIES: tuple[tuple[str, tuple], ...] = (
     ("posbias", (("buffer.positive_fraction", 0.5),)),
     ("maxuses2", (("buffer.max_uses", 2),)),
 )
+# What a 2026 reader would try instead (issue 37 items 1, 3), each with the published defaults:
+#   adaptive         the reuse controller over the positive-bias buffer (`ADAPTIVE`)
+#   adaptive_nobias  the same controller over the plain buffer: its own effect, without positive bias
+#   gradient_gate    Dynamic Gradient Gating (arXiv 2605.19425) over the on-policy queue: each fresh
+#                    batch reused while the LM head's gradient shows no surge (K = 4, tau = 0.5, a
+#                    window of 10 increments; `data.batch_reuse`)
+#   fresh            FreshPER (arXiv 2604.16918) over the plain buffer: priority ((|reward| + 1e-6)
+#                    exp(-age / 500)) ** 0.6, age in updates (`data.samplers`)
+#   ppo_epochs       the classical baseline: k = 2 epochs of m = 2 minibatches of B / 2 = 256 over
+#                    each fresh batch of the on-policy queue. m = 2 keeps a minibatch (256) at or
+#                    above the gradient noise scale at the start (B / noise scale ~2.3 at B = 512:
+#                    ~220 rollouts), so it doubles the updates per epoch without making them
+#                    noise-dominated; m = 1 would make the epochs' two updates the whole reuse
+NEWEST_FAMILIES: tuple[tuple[str, tuple], ...] = (
+    ("adaptive", ADAPTIVE),
+    ("adaptive_nobias", (("buffer.reuse_control", "adaptive"),)),
+    ("gradient_gate", ON_POLICY + (("buffer.reuse_control", "gradient_gate"),)),
+    ("fresh", (("buffer.priority", "fresh"), ("buffer.fresh_tau", 500.0),
+               ("buffer.fresh_base", "reward"), ("buffer.fresh_alpha", 0.6))),
+    ("ppo_epochs", ON_POLICY + (("trainer.ppo_epochs", 2), ("trainer.ppo_minibatches", 2))),
+)
+# The second task's decisive sweep (issue 37 item 3), `--sweep=pareto_multiplication`: its
+# large-batch config (B, N, budget and rate fixed from on-policy runs only) and its families.
+MULTIPLICATION_CONFIG = "configs/multiplication_large_batch.py"
+MULTIPLICATION_FAMILIES = ("onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate")
+# Every family by name (`pareto_task` builds a task's decisive sweep from a list of these).
+FAMILIES: dict[str, tuple] = dict(DECISIVE_FAMILIES + NEWEST_FAMILIES)
+# The decisive protocol without what is specific to the scratchpad task (its 56-token bucket).
+TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
+    (k, v) for k, v in DECISIVE_PROTOCOL if k != "trainer.buckets")
 
 
 def _pareto() -> Sweep:
   """The decisive sweep (issues 26, 37): each family at its own learning rates in the
   update-limited regime (`configs/scratchpad_large_batch.py`: B = 512 >= the noise scale), paired
   with on-policy at the same rate, to a budget at which on-policy has flattened; the summary reads
-  each family's best rate, whether the grid brackets it, and its compute to each target."""
-  arms = tuple(_lr_arm(name, f, overrides) for name, overrides in DECISIVE_FAMILIES
-               for f in PARETO_LR_FACTORS)
-  budget = DECISIVE_UPDATES * update_seconds(_large_batch_base())
-  return Sweep("pareto", "Issue 37: on-policy (LIFO) against the replay designs, each over a "
+  each family's best rate, whether the grid brackets it, and its compute to each target. The
+  newest designs (`NEWEST_FAMILIES`) are arms added after the others: those keep their names and
+  arguments."""
+  arms = tuple(_lr_arm(name, f, overrides) for name, overrides in
+               DECISIVE_FAMILIES + NEWEST_FAMILIES for f in PARETO_LR_FACTORS)
+  budget = DECISIVE_UPDATES * update_seconds(_config_base(LARGE_BATCH_CONFIG))
+  return Sweep("pareto", "Issue 37: on-policy (LIFO) against the replay designs and the newest "
+               "reuse methods (the adaptive controller with and without positive bias, Dynamic "
+               "Gradient Gating, FreshPER, multi-epoch PPO-style reuse), each over a "
                "learning-rate grid that brackets its best rate, in the update-limited regime "
                "(B = 512 at or above the gradient noise scale); equal compute (200 on-policy "
                "updates, where on-policy has flattened), pass@1 on all held-out problems at a "
@@ -323,13 +357,40 @@ def _pareto() -> Sweep:
                protocol=DECISIVE_PROTOCOL)
 
 
+def pareto_task(task: str, config: str, families: Sequence[str],
+                protocol: Sequence[tuple[str, Value]] = TASK_PROTOCOL) -> Sweep:
+  """The decisive sweep of another task, `--sweep=pareto_<task>`: the named `FAMILIES` at
+  `PARETO_LR_FACTORS` x the base config's learning rate, each paired with on-policy at the same
+  rate, to 200 on-policy updates of `config` (a large-batch config: its B, N, budget and rate were
+  fixed from on-policy runs), pass@1 on all held-out problems at the dense grid (`protocol`: the
+  decisive one without the scratchpad's bucket). Registered in `_sweeps()` with one line each:
+  `pareto_multiplication` (`MULTIPLICATION_CONFIG`, `MULTIPLICATION_FAMILIES`)."""
+  unknown = [f for f in families if f not in FAMILIES]
+  if unknown or "onpolicy" not in families:
+    raise ValueError(f"pareto_{task}: families {list(families)}: need 'onpolicy' (the baseline) "
+                     f"and names of sweeps.FAMILIES ({', '.join(FAMILIES)}); unknown {unknown}")
+  arms = tuple(_lr_arm(name, f, FAMILIES[name]) for name in families for f in PARETO_LR_FACTORS)
+  budget = DECISIVE_UPDATES * update_seconds(_config_base(config))
+  return Sweep(f"pareto_{task}", f"Issue 37 on the {task} task ({config}): "
+               f"{', '.join(families)}, each over a learning-rate grid that brackets its best "
+               "rate, paired with on-policy at the same rate; equal compute (200 on-policy "
+               "updates), pass@1 on all held-out problems at a dense grid.", arms,
+               baseline=f"onpolicy_lr{_fmt(PARETO_LR_FACTORS[0])}x", min_seeds=4, config=config,
+               figure="pareto", budget=budget, grid_points=DECISIVE_GRID_POINTS,
+               grid_first=DECISIVE_GRID_FIRST, protocol=tuple(protocol))
+
+
 @functools.lru_cache(maxsize=None)
-def _large_batch_base() -> ml_collections.ConfigDict:
-  """configs/scratchpad_large_batch.py's config (its update cost sets the decisive budget)."""
+def _config_base(path: str) -> ml_collections.ConfigDict:
+  """The config of the file `path` (relative to the repository root): its update cost sets a
+  decisive sweep's budget."""
   import os  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
   repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-  return runpy.run_path(os.path.join(repo, LARGE_BATCH_CONFIG))["get_config"]()
+  full = path if os.path.isabs(path) else os.path.join(repo, path)
+  if not os.path.isfile(full):
+    raise FileNotFoundError(f"config file {full} not found (a sweep's base config)")
+  return runpy.run_path(full)["get_config"]()
 
 
 STABILITY_LR_FACTORS = (1.0, 2.0, 3.0)
@@ -393,6 +454,7 @@ def _sweeps() -> dict[str, Sweep]:
       _sync_grid(),
       _pareto_i26(),
       _pareto(),
+      pareto_task("multiplication", MULTIPLICATION_CONFIG, MULTIPLICATION_FAMILIES),
       _stability(),
       _offpolicy_screen(),
   ]
@@ -435,8 +497,10 @@ def passk_grid(grid: Sequence[float], last: int = PASSK_POINTS) -> tuple[float, 
 
 
 def total_steps_cap(budget: float, c: ml_collections.ConfigDict) -> int:
-  """An upper bound on a run's steps within `budget`: every step costs at least its training."""
-  return int(math.ceil(budget / float(c.scheduler.train_seconds_per_step))) + 1
+  """An upper bound on a run's steps within `budget`: every step costs at least its training (a
+  step on a minibatch of trainer.ppo_minibatches m: 1/m of it)."""
+  step = float(c.scheduler.train_seconds_per_step) / int(c.trainer.get("ppo_minibatches", 1))
+  return int(math.ceil(budget / step)) + 1
 
 
 def apply(c: ml_collections.ConfigDict, overrides: Sequence[tuple[str, Any]]) -> None:

@@ -63,6 +63,10 @@ def test_batch_rule_names_valid_values():
   c.trainer.num_microbatches = 15  # B=60 over 3 devices is 20 rows: 15 does not divide it
   with pytest.raises(ValueError, match=r"1, 2, 4, 5, 10, 20"):
     memory_plan.plan(c)
+  # ppo_minibatches: each minibatch of B/m rows obeys the rule too (60 / 4 = 15 rows, 3 devices x 2)
+  c.trainer.num_microbatches, c.trainer.ppo_minibatches = 2, 4
+  errors = memory_plan.batch_rule_errors(c, sharding.make_mesh((1, 3, 1), devices=jax.devices()[:3]))
+  assert len(errors) == 1 and "trainer.ppo_minibatches=4" in errors[0] and "B/m = 15" in errors[0]
 
 
 def test_activation_estimate_against_xla():

@@ -40,6 +40,7 @@ SECTIONS = {
     "ray_errors": lambda c: validation.ray_errors(c.rollout),
     "buffer_errors": lambda c: validation.buffer_errors(c.buffer, c.rollout, c.log),
     "trainer_errors": lambda c: validation.trainer_errors(c.trainer, c),
+    "batch_reuse_errors": lambda c: validation.batch_reuse_errors(c),
     "scheduler_errors": lambda c: validation.scheduler_errors(c.scheduler, c),
     "eval_errors": lambda c: validation.eval_errors(c.eval),
     "devices_errors": lambda c: validation.devices_errors(c.devices),
@@ -149,6 +150,30 @@ def test_buffer_errors():
       (dict(buffer__max_uses=-1), ["buffer.max_uses=-1", ">= 0"]),
       (dict(buffer__on_policy=True, buffer__priority="fresh"),
        ["buffer.on_policy=True", "'uniform', 0, False"]),
+      (dict(buffer__priority="fresh", buffer__fresh_base="rank"),
+       ["buffer.fresh_base='rank'", str(tuple(samplers.FRESH_BASES))]),
+      (dict(buffer__fresh_alpha=0.6), ["fresh_alpha=0.6", "priority 'fresh' only"]),
+      (dict(buffer__on_policy=True, buffer__reuse_control="adaptive"),
+       ["buffer.reuse_control='adaptive' paces a replay buffer"]),
+      (dict(buffer__reuse_control="gradient_gate"),
+       ["buffer.reuse_control='gradient_gate'", "buffer.on_policy=True"]),
+      (dict(buffer__on_policy=True, buffer__reuse_control="gradient_gate",
+            buffer__gate_window=1), ["buffer.gate_window=1", ">= 2"]),
+  ])
+
+
+def test_batch_reuse_errors():
+  check("batch_reuse_errors", [
+      (dict(trainer__ppo_epochs=0), ["trainer.ppo_epochs=0", ">= 1"]),
+      (dict(trainer__ppo_epochs=2), ["trainer.ppo_epochs=2", "set buffer.on_policy=True"]),
+      (dict(buffer__on_policy=True, trainer__ppo_minibatches=7),
+       ["trainer.ppo_minibatches=7", "divide buffer.batch_size=60"]),
+      (dict(buffer__on_policy=True, trainer__ppo_epochs=2, scheduler__kind="sync"),
+       ["sync schedule", "'simulated' or 'async'"]),
+      (dict(buffer__on_policy=True, buffer__reuse_control="gradient_gate",
+            trainer__ppo_minibatches=2), ["leave trainer.ppo_epochs"]),
+      (dict(buffer__on_policy=True, buffer__reuse_control="gradient_gate", model__lora_rank=8),
+       ["gradient_gate", "model.lora_rank=0"]),
   ])
 
 
@@ -206,6 +231,8 @@ def test_log_errors():
       (dict(log__diagnostics_splits=1), ["log.diagnostics_splits=1", ">= 2"]),
       (dict(log__diagnostics_probe=-1), ["log.diagnostics_probe=-1", ">= 0"]),
       (dict(log__noise_scale_decay=1.0), ["log.noise_scale_decay=1.0", "[0, 1)"]),
+      (dict(log__charge_diagnostics="maybe"), ["log.charge_diagnostics='maybe'",
+                                               str(validation.CHARGE_DIAGNOSTICS)]),
       (dict(log__wandb_project="p", log__wandb_mode="cloud"),
        ["log.wandb_mode='cloud'", str(metric_writers.WANDB_MODES)]),
   ])

@@ -78,6 +78,59 @@ def test_fresh_priority_is_successive_sampling(size, batch, tau):
   assert first[size - 1] > 3 * first[0]
 
 
+@pytest.mark.parametrize("base", ["reward", "advantage"])
+def test_freshper_priority_is_the_papers_formula(base):
+  """FreshPER (arXiv 2604.16918; its code's `reward_fresh_priority` and sum tree): rollout i drawn
+  with weight ((|x_i| + eps) * exp(-age_i / tau)) ** alpha, x = reward or advantage, by
+  successive sampling; chi-square against the exact distribution of that formula."""
+  versions = [0, 1, 1, 2, 3]
+  values = [1.0, 0.0, -2.0, 0.5, 1.0]  # reward or advantage of each rollout
+  tau, alpha, eps = 2.0, 0.6, 0.3  # a large eps: the zero-valued rollout keeps a visible weight
+  buf = buffer.ReplayBuffer(16, seed=4, priority="fresh", fresh_tau=tau, fresh_base=base,
+                            fresh_alpha=alpha, fresh_eps=eps)
+  buf.add([buffer.Rollout(prompt_tokens=np.array([1], np.int32),
+                          completion_tokens=np.array([i + 1], np.int32),
+                          logprobs=np.array([-0.5], np.float32),
+                          reward=values[i] if base == "reward" else 1.0,
+                          advantage=values[i] if base == "advantage" else 0.0,
+                          policy_version=v, group_id=i) for i, v in enumerate(versions)])
+  n = 20000
+  counts = draw_counts(buf, 2, n)
+  weights = {i: ((abs(x) + eps) * math.exp(-(max(versions) - v) / tau)) ** alpha
+             for i, (x, v) in enumerate(zip(values, versions))}
+  probs = {o: successive_probability(o, weights) for o in itertools.permutations(range(5), 2)}
+  assert chi2_p(counts, probs, n) > P_MIN
+  # the base matters: rollout 2 (|x| = 2, age 2) is drawn first more often than rollout 1 (x = 0,
+  # the same age), which the age decay alone would draw as often
+  first = collections.Counter(o[0] for o in counts.elements())
+  assert first[2] > 2 * first[1]
+
+
+def test_fresh_defaults_draw_the_batches_of_before():
+  """priority "fresh" at fresh_base "uniform" and fresh_alpha 1 (the defaults) draws bit for bit
+  what `fresh_log_weights` alone gave before the FreshPER options existed."""
+  from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
+  versions = np.array([0, 2, 2, 5, 7])
+  slots = np.arange(5, dtype=np.int64)
+
+  class Held:
+    size = recent_size = 5
+
+    def versions(self, s):
+      return versions[s]
+
+  got = samplers.fresh_priority_log_weights(samplers.SamplerOptions(fresh_tau=3.0), Held(), slots)
+  np.testing.assert_array_equal(got, samplers.fresh_log_weights(versions, 3.0))
+  with pytest.raises(ValueError, match="fresh_base='rank'"):
+    buffer.ReplayBuffer(8, priority="fresh", fresh_base="rank")
+  with pytest.raises(ValueError, match="shape priority 'fresh' only"):
+    buffer.ReplayBuffer(8, fresh_alpha=0.6)
+  c = defaults.base_config()
+  c.buffer.priority, c.buffer.fresh_base, c.buffer.fresh_alpha = "fresh", "reward", 0.0
+  with pytest.raises(ValueError, match="fresh_alpha=0.0"):
+    validation.validate_config(c)
+
+
 def test_successive_sampling_function():
   rng = np.random.default_rng(0)
   log_w = np.log(np.array([1.0, 2.0, 3.0, 0.5]))
@@ -317,7 +370,8 @@ def test_bad_options_and_config_validation():
   c.buffer.replace_zero_variance = True
   validation.validate_config(c)
   assert buffer.sampler_options(c.buffer) == dict(priority="fresh", fresh_tau=8.0, max_uses=2,
-                                                  replace_zero_variance=True)
+                                                  replace_zero_variance=True, fresh_base="uniform",
+                                                  fresh_alpha=1.0, fresh_eps=1e-6)
   c.buffer.on_policy = True
   with pytest.raises(ValueError, match="on_policy=True uses each rollout once"):
     validation.validate_config(c)

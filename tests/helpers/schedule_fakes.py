@@ -94,6 +94,10 @@ class FakeHooks:
     self.step += 1
     return self.step
 
+  def train_share(self, step):
+    del step
+    return 1.0
+
   def publish_if_due(self, step):
     if step % self.refresh_every:
       return None

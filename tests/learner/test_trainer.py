@@ -442,6 +442,43 @@ def test_nonfinite_update_is_skipped_and_counted(data):
   assert trainer.all_finite({"i": jnp.array([1, 2])})  # integer leaves are always finite
 
 
+def test_gradient_gate_intercepts_above_its_bound(data):
+  """Dynamic Gradient Gating in the step (`gate_leaf`): the LM head's gradient energy (squared norm
+  of the unclipped gradient; the tied embedding matrix here) is reported; above the bound the
+  update is intercepted before the optimizer (params and Adam state kept, step + 1, not counted as
+  non-finite); at or below it the step is the ungated one."""
+  leaf = trainer.gate_leaf(CFG)
+  assert CFG.tie_word_embeddings and leaf == "embed_tokens"
+  assert trainer.gate_leaf(dataclasses.replace(CFG, tie_word_embeddings=False)) == "lm_head"
+  shardings = jax.tree.map(lambda x: x.sharding, data["after"])
+  mesh1 = _mesh((1, 1, 1))
+  gated = trainer.make_train_step(CFG, _optimizer(), data["loss_fn"], mesh1, shardings,
+                                  chunk_size=CHUNK, learning_rate_fn=optim.make_schedule(LR),
+                                  gate_leaf=leaf)
+  fresh = lambda: jax.device_put(jax.tree.map(np.copy, data["before"]), shardings)
+  got, metrics = gated(fresh(), data["batch"], np.float32(np.inf))
+  got, metrics = _host(got), _host(metrics)
+  grads = data["after_host"].opt_state[0]  # record_grads: the raw gradient of the ungated step
+  energy = float(np.sum(np.square(np.asarray(grads[leaf], np.float64))))
+  np.testing.assert_allclose(metrics["gate/lm_head_grad_energy"], energy, rtol=1e-4)
+  assert metrics["gate/fired"] == 0.0 and metrics["nonfinite_skipped"] == 0.0
+  chex.assert_trees_all_close(got.params, data["after_host"].params, **param_tol())
+  for key in ("loss", "grad_norm"):
+    np.testing.assert_allclose(metrics[key], data["metrics"][key], **step_tol(data["metrics"][key]))
+  e = float(metrics["gate/lm_head_grad_energy"])
+  got, metrics = gated(fresh(), data["batch"], np.float32(e * 0.999))  # just below: fires
+  got, metrics = _host(got), _host(metrics)
+  assert metrics["gate/fired"] == 1.0 and metrics["nonfinite_skipped"] == 0.0
+  chex.assert_trees_all_equal(got.params, data["before"].params)
+  chex.assert_trees_all_equal(got.opt_state, data["before"].opt_state)
+  assert int(got.step) == int(data["before"].step) + 1
+  _, metrics = gated(fresh(), data["batch"], np.float32(e * 1.001))  # just above: kept
+  assert _host(metrics)["gate/fired"] == 0.0
+  with pytest.raises(ValueError, match="LoRA freezes"):
+    trainer.make_train_step(CFG, _optimizer(), data["loss_fn"], mesh1, shardings,
+                            lora=object(), gate_leaf=leaf)
+
+
 def test_select_skip_equals_the_cond_skip(data):
   """skip_mode "select" (what GPUs get: no conditional copying the state) takes the same update on
   a finite batch and the same skip on a NaN one as the CPU's "cond"; "auto" resolves by the

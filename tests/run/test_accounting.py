@@ -75,4 +75,29 @@ def test_accountant_threads_state_and_errors():
     accounting.ComputeAccountant(1, 0)
 
 
+def test_charged_diagnostics_price_and_measured_seconds():
+  """Virtual price of the regime diagnostics' passes (B rollouts forward + backward, 2 P probe
+  forwards) like a train step's share: (512 + 16) / 512 * 16 = 16.5 device-seconds; measured
+  charges go into compute_seconds and compute/diagnostics_device_seconds; an older checkpoint
+  without the counter loads with none charged."""
+  assert accounting.diagnostics_device_seconds(512 + 2 * 8, 512, 16.0) == pytest.approx(16.5)
+  assert accounting.diagnostics_device_seconds(0, 512, 16.0) == 0.0
+  with pytest.raises(ValueError):
+    accounting.diagnostics_device_seconds(-1, 512, 16.0)
+  acct = accounting.ComputeAccountant(num_workers=2, num_trainer_devices=1)
+  acct.add_generation(3.0, 10)
+  acct.add_training(1.0, 10)
+  assert "compute/diagnostics_device_seconds" not in acct.metrics()
+  assert acct.metrics()["compute_seconds"] == 4.0
+  acct.add_diagnostics(0.75)
+  m = acct.metrics()
+  assert m["compute_seconds"] == 4.75 and m["compute/diagnostics_device_seconds"] == 0.75
+  old = {k: v for k, v in acct.state_dict().items() if k != "diagnostics_seconds"}
+  resumed = accounting.ComputeAccountant(num_workers=2, num_trainer_devices=1)
+  resumed.load_state_dict(old)
+  assert resumed.metrics()["compute_seconds"] == 4.0
+  with pytest.raises(ValueError, match="negative"):
+    acct.add_diagnostics(-1.0)
+
+
 # Theorem 4.5 (PAPER.md, "Theory (Section 4, Appendix 9)"): the optimal synchronous design.

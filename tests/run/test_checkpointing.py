@@ -5,8 +5,12 @@ import logging
 import threading
 import types
 
+import numpy as np
+
 from jaxreplay.infra import safety
+from jaxreplay.learner.batch import Rollout
 from jaxreplay.rollout.base import Weights
+from jaxreplay.data import batch_reuse
 from jaxreplay.run import checkpointing
 from jaxreplay.run.eval_grid import EvalGrid
 from jaxreplay.run.schedules import GenerationCost, SimState, SimulatedScheduler, SyncScheduler
@@ -14,7 +18,7 @@ from jaxreplay.run.schedules import GenerationCost, SimState, SimulatedScheduler
 # The keys every checkpoint since the eval grid holds (plus the intake's own, and "scheduler" /
 # "lora" when they apply): resumes depend on them.
 HOST_KEYS = {"buffer", "accountant", "sim", "published_version", "eval_calls", "counters", "regime",
-             "reuse", "nonfinite", "eval_grid"}
+             "reuse", "batch_reuse", "nonfinite", "eval_grid"}
 
 
 class Stateful:
@@ -48,7 +52,7 @@ class Metrics:
     self.saved = dict(counters)
 
 
-def make(schedule="sync", buffer=(), cursor=0, calls=0, counters=None):
+def make(schedule="sync", buffer=(), cursor=0, calls=0, counters=None, reuse_plan=None):
   sim = SimState()
   cost = GenerationCost(1.0, 0.0, sim)
   make_worker = lambda i, w: None
@@ -58,7 +62,8 @@ def make(schedule="sync", buffer=(), cursor=0, calls=0, counters=None):
       config=types.SimpleNamespace(export_hf_every=0),
       data=types.SimpleNamespace(buffer=Stateful({"rollouts": list(buffer)}),
                                  intake=Intake({"source": cursor, "next_group_id": cursor}),
-                                 reuse=None),
+                                 reuse=None,
+                                 batch_reuse=reuse_plan or batch_reuse.BatchReuse(1)),
       telemetry=types.SimpleNamespace(accountant=Stateful({"seconds": 1.0}), regime=None,
                                       metrics=Metrics(counters or {})),
       generation=types.SimpleNamespace(sim_state=sim), learner=types.SimpleNamespace(lora=None))
@@ -92,7 +97,18 @@ def test_host_state_keys_round_trip_and_the_schedules_state():
   resumed, _ = make("simulated")
   resumed.restore(host)
   assert resumed.scheduler._restored == [None]  # pylint: disable=protected-access
+  assert host["batch_reuse"] is None  # one update per batch: nothing held
 
+  # Several updates per fresh batch (ppo_epochs): the position in the held batch is restored.
+  plan = batch_reuse.BatchReuse(2, epochs=2)
+  plan.begin([Rollout(np.array([1], np.int32), np.array([i], np.int32),
+                      np.array([-0.5], np.float32), 1.0, 0.5, 0, 0) for i in range(2)])
+  plan.record({}, 0)
+  ckpt, _ = make(reuse_plan=plan)
+  again = batch_reuse.BatchReuse(2, epochs=2)
+  restored, _ = make(reuse_plan=again)
+  restored.restore(ckpt.host_state())
+  assert (again.index, again.batches, len(again.held)) == (1, 1, 2)
 
 def test_an_older_host_state_resumes(caplog):
   """A checkpoint from before the later keys: the optional ones are left at their values."""

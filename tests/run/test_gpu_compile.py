@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from tests.helpers.deps import require
@@ -79,6 +80,18 @@ def test_tiny_train_step_for_eight_h100s(h100):
   assert rec["argument_bytes"] == state + batch - 2 * 8 * 4
   assert rec["output_bytes"] >= rec["alias_bytes"] and rec["temp_bytes"] > 0
   assert rec["peak_bytes"] < 0.01 * target.memory_bytes  # fits, by far
+
+
+def test_the_gradient_gates_step_compiles_with_its_bound(h100):
+  """buffer.reuse_control="gradient_gate": the train step compiled is the gated one (the bound a
+  replicated float32 scalar argument), its donation used as the ungated step's."""
+  _, devices = h100
+  c = _tiny(buffer__on_policy=True, buffer__reuse_control="gradient_gate")
+  mesh = memory_plan.planned_mesh(c, devices)
+  step = next(p for p in gpu_compile.programs(c, mesh) if p.name == "train_step")
+  assert len(step.args) == 3 and step.args[2].shape == () and step.args[2].dtype == jnp.float32
+  rec, _ = gpu_compile.compile_program(step)
+  assert rec["donation"]["all_used"] and rec["host_transfers"] == []
 
 
 def test_every_program_of_a_bf16_jax_sampler_run(h100):

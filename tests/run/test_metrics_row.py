@@ -7,6 +7,7 @@ import pytest
 from jaxreplay.run import accounting
 from jaxreplay.run import metrics_row
 from jaxreplay.data.buffer import ReplayBuffer
+from jaxreplay.learner.batch import Rollout
 from jaxreplay.config.defaults import base_config
 from jaxreplay.rollout.base import Completion, Group
 from jaxreplay.run.schedules import SimState
@@ -54,6 +55,23 @@ def test_simulated_row_reports_the_modelled_mu_and_gamma_and_the_measured_ones_a
 def test_simulated_on_policy_queue_pays_the_full_update():
   row = make("simulated", **{"buffer.on_policy": True}).row(4, 4, {})
   assert row["compute/gamma"] == row["sim/gamma"] == 1.0  # (1 + mu) C per update, whatever W/T
+
+
+def test_a_held_batchs_later_updates_carry_no_sample_keys():
+  """With several updates per fresh batch (`data.batch_reuse`) the buffer's last-sample keys are on
+  the row of the batch's first update only (batch_reuse/index 1); without it on every row."""
+  m = make("simulated")
+  m.buffer.add([Rollout(prompt_tokens=np.array([1, 2], np.int32),
+                        completion_tokens=np.array([3], np.int32),
+                        logprobs=np.array([-0.1], np.float32), reward=float(i % 2),
+                        advantage=0.0, policy_version=0, group_id=0) for i in range(4)])
+  m.buffer.sample(2, current_version=1)
+  for index, present in ((None, True), (1.0, True), (2.0, False)):
+    metrics = {} if index is None else {"batch_reuse/index": index}
+    row = m.row(1, 1, metrics)
+    for key in ("buffer/batch_use_count_mean", "buffer/staleness_mean"):
+      assert (key in row) == present, (index, key)
+    assert "buffer/size" in row
 
 
 def test_sync_gamma_is_the_cost_per_update_over_on_policy():

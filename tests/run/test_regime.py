@@ -34,6 +34,21 @@ def test_noise_scale_is_a_bias_corrected_ratio_of_moving_averages():
     regime.NoiseScale(decay=1.0)
 
 
+def test_who_pays_for_the_diagnostics():
+  """log.charge_diagnostics: "auto" charges the designs that read them (the adaptive controller)
+  and no other; "on" / "off" force it."""
+  from jaxreplay.config import defaults  # pylint: disable=g-import-not-at-top
+  c = defaults.base_config()
+  assert not regime.charges_diagnostics(c)
+  for control, charged in (("adaptive", True), ("fixed", False), ("gradient_gate", False)):
+    c.buffer.reuse_control = control
+    assert regime.charges_diagnostics(c) == charged, control
+  c.log.charge_diagnostics = "off"
+  assert not regime.charges_diagnostics(c)
+  c.buffer.reuse_control, c.log.charge_diagnostics = "off", "on"
+  assert regime.charges_diagnostics(c)
+
+
 def test_splits_for():
   assert regime.splits_for(64, 1) == 4 and regime.splits_for(6, 1) == 3
   assert regime.splits_for(8, 2) == 4 and regime.splits_for(6, 2) == 3 and regime.splits_for(2, 2) == 0

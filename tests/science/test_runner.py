@@ -122,7 +122,17 @@ def test_sweep_figures_from_fake_runs(tmp_path):
   assert runner.main(["--sweep=lr_sweep,n_sweep", "--seeds=1", f"--out={out}", "--quick"],
                      runner=FakeLauncher()) == 0
   figs = set(os.listdir(os.path.join(out, "figures")))
-  assert {"lr_sweep_pareto.png", "n_sweep_final_peak.png", "n_sweep_entropy.png"} <= figs
+  assert {"lr_sweep_pareto.png", "n_sweep_final_peak.png", "n_sweep_entropy.png",
+          "lr_sweep_compute_to_target.png"} <= figs
+  assert "n_sweep_compute_to_target.png" not in figs  # no learning-rate families
+  res = json.load(open(os.path.join(out, "results.json")))
+  fams = res["sweeps"]["lr_sweep"]["summary"]["families"]
+  for fam in ("onpolicy", "replay"):
+    assert {"lrs", "final_by_lr", "best_lr", "best_arm", "bracketed", "final_pass1",
+            "vs_baseline"} <= set(fams[fam])  # the keys from before issue 37, kept
+    ctt = fams[fam]["compute_to_target"]
+    assert len(ctt) == 4 and set(ctt[0]) >= {"target", "ratio", "ci95", "reached_seeds"}
+  assert res["sweeps"]["lr_sweep"]["summary"]["family_targets"]["baseline_family"] == "onpolicy"
 
 
 # ---- end to end -------------------------------------------------------------------------------

@@ -58,6 +58,30 @@ def test_bootstrap_interval_on_known_cases():
   assert st.bootstrap_ci([0.1, 0.5, 0.2]) == st.bootstrap_ci([0.1, 0.5, 0.2])  # fixed seed
   p = st.paired([0.1, None, 0.3])
   assert p["n"] == 2 and p["mean"] == pytest.approx(0.2) and p["values"] == [0.1, None, 0.3]
+  assert p["ci95_bootstrap"] == list(st.bootstrap_ci([0.1, 0.3]))
+
+
+def test_t_quantiles_and_intervals_match_scipy():
+  """The t interval (mean +- t_{0.975, n-1} s / sqrt(n)) against scipy.stats.t, and its quantiles
+  over the degrees of freedom a sweep has (1-30) and beyond."""
+  from tests.helpers.deps import require  # pylint: disable=g-import-not-at-top
+  stats = require("scipy.stats")
+  for df in (1, 2, 3, 4, 5, 7, 11, 30, 120):
+    for p in (0.6, 0.9, 0.975, 0.995, 0.025):
+      assert st.t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9, abs=1e-12)
+    assert st.t_cdf(1.7, df) == pytest.approx(stats.t.cdf(1.7, df), rel=1e-12)
+  for values in ([0.02, 0.025, 0.019, 0.024], [0.1, -0.05, 0.02, 0.0, 0.07, 0.03], [1.0, 3.0]):
+    v = np.asarray(values)
+    want = stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v))
+    np.testing.assert_allclose(st.t_interval(values), want, rtol=1e-9)
+    assert st.paired(values)["ci95"] == pytest.approx(list(want), rel=1e-9)
+  # by hand: [1, 3]: mean 2, s = sqrt(2), t_{0.975,1} = 12.7062 -> 2 +- 12.7062 (the two values
+  # alone say little); 4 seeds at +0.022 with s 0.0029: +- 3.1824 * 0.0029 / 2
+  lo, hi = st.t_interval([1.0, 3.0])
+  assert lo == pytest.approx(2 - 12.706204736, rel=1e-8) and hi == pytest.approx(2 + 12.706204736)
+  assert st.t_interval([0.5]) == (None, None) and st.paired([0.5])["ci95"] == [None, None]
+  with pytest.raises(ValueError):
+    st.t_quantile(1.0, 3)
 
 
 def test_sweep_summary_by_hand():
@@ -120,12 +144,14 @@ def test_frontier_ratios_take_each_seeds_best_arm_per_family():
   assert fr["ratio"]["n"] == 2
   np.testing.assert_allclose(fr["ratio"]["geomean"], np.sqrt(1.5 * 2.0))
   lo, hi = fr["ratio"]["ci95"]
-  assert 1.5 - 1e-9 <= lo <= fr["ratio"]["geomean"] <= hi <= 2.0 + 1e-9
+  logs = np.log([1.5, 2.0])  # the t interval of the mean log ratio, through exp
+  half = 12.706204736 * logs.std(ddof=1) / np.sqrt(2)
+  np.testing.assert_allclose([lo, hi], np.exp([logs.mean() - half, logs.mean() + half]), rtol=1e-8)
 
 
 def test_family_summary_reads_each_familys_bracket():
-  def arm(median, vs=None):
-    q = {"median": median, "q25": median - 0.01, "q75": median + 0.01, "n": 4}
+  def arm(median, vs=None, n=4):
+    q = {"median": median, "q25": median - 0.01, "q75": median + 0.01, "n": n}
     out = {"final": {st.PRIMARY: q}}
     if vs is not None:
       out["vs_baseline"] = {"baseline": "on_lr2", "final": {st.PRIMARY: vs}}
@@ -150,3 +176,50 @@ def test_family_summary_reads_each_familys_bracket():
   assert re["lrs"] == [1e-5, 3e-5] and re["best_arm"] == "re_lr2"
   assert not re["bracketed"]  # the best is the highest finished rate: no worse rate above it
   assert re["vs_baseline"] == {"baseline": "on_lr2", "mean": 0.02, "ci95": [0.01, 0.03], "n": 4}
+  assert on["seeds_by_lr"] == [4, 4, 4]
+  # Judged on >= 2 seeds per rate: a one-seed rate can neither be the best nor close a bracket.
+  arms.update(on_lr3=arm(0.50, n=1))  # a single lucky seed at the highest rate
+  on = st.family_summary(arms, plan)["onpolicy"]
+  assert on["best_arm"] == "on_lr2" and not on["bracketed"] and on["seeds_by_lr"] == [4, 4, 1]
+  arms.update(on_lr3=arm(0.30, n=1))  # lower, but one seed: not evidence of a bracket
+  assert not st.family_summary(arms, plan)["onpolicy"]["bracketed"]
+  arms.update(on_lr3=arm(0.30, n=2))
+  assert st.family_summary(arms, plan)["onpolicy"]["bracketed"]
+  arms.update(on_lr1=arm(0.46, n=1))  # the neighbour below ends higher on one seed: not counted
+  on = st.family_summary(arms, plan)["onpolicy"]
+  assert on["best_arm"] == "on_lr2" and not on["bracketed"]
+
+
+def test_compute_to_target_ratios_on_synthetic_curves():
+  """Straight-line curves with known crossings: on-policy rises 0.2 -> 0.6 over 100 device-seconds
+  (seed s: slope 0.004 * (1 + 0.1 s)), the replay arm twice as fast on seeds 0 and 1 and 4x on
+  seed 2; the targets split [0.2, median final] in four; the ratio at each target is the
+  geometric mean of 1/2, 1/2, 1/4 where reached, with the t interval of the log ratios."""
+  xs = np.linspace(0.0, 100.0, 21)
+
+  def line(slope, seed):
+    return [{"compute_seconds": float(x), "eval/pass@1": float(min(0.2 + slope * x, 0.9))}
+            for x in xs]
+  on = {s: line(0.004 * (1 + 0.1 * s), s) for s in range(3)}
+  fast = {0: 2.0, 1: 2.0, 2: 4.0}
+  re = {s: line(0.004 * (1 + 0.1 * s) * fast[s], s) for s in range(3)}
+  finals = sorted(float(c[-1]["eval/pass@1"]) for c in on.values())  # 0.6, 0.64, 0.68
+  fam = {"onpolicy": {"best_arm": "on", "final_pass1": {"median": finals[1]}},
+         "replay": {"best_arm": "re", "final_pass1": {"median": 0.9}}}
+  targets = st.add_compute_to_target(fam, {"on": on, "re": re}, "onpolicy")
+  assert targets == pytest.approx([0.31, 0.42, 0.53, 0.64])
+  logs = np.log([0.5, 0.5, 0.25])
+  half = st.t_quantile(0.975, 2) * logs.std(ddof=1) / np.sqrt(3)
+  for i, entry in enumerate(fam["replay"]["compute_to_target"]):
+    assert entry["target"] == pytest.approx(targets[i]) and entry["seeds"] == 3
+    if i < 3:  # every seed of both reaches it
+      assert entry["reached_seeds"] == 3
+      assert entry["values"] == pytest.approx([0.5, 0.5, 0.25], rel=1e-9)
+      assert entry["ratio"] == pytest.approx(np.exp(logs.mean()))
+      assert entry["ci95"] == pytest.approx(list(np.exp([logs.mean() - half, logs.mean() + half])))
+  # 0.64 is on-policy seed 1's final (its last point: reached exactly) and above seed 0's 0.6
+  last = fam["replay"]["compute_to_target"][3]
+  assert last["values"][0] is None and last["reached_seeds"] == 2
+  assert last["values"][1:] == pytest.approx([0.5, 0.25])
+  assert [e["ratio"] for e in fam["onpolicy"]["compute_to_target"]] == pytest.approx([1.0] * 4)
+  assert st.family_targets({"on": on}, {"final_pass1": {"median": 0.1}}) == []  # no gain

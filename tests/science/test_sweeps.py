@@ -81,3 +81,98 @@ def test_the_decisive_sweep_protocol_and_the_issue_26_sweep_kept_as_it_ran():
     committed = json.load(f)["args"]
   assert next(s.args() for s in i26["specs"]
               if (s.arm, s.seed) == ("onpolicy_lr3x", 1)) == committed
+
+
+def test_the_newest_families_are_added_arms_and_the_old_ones_unchanged():
+  """Issue 37 item 3: `pareto` gains adaptive, adaptive_nobias, gradient_gate, fresh and
+  ppo_epochs over the same rates; the arms of the families it had keep their names and
+  arguments (runs in progress match their spec); every new arm passes validation."""
+  plan = runner.plan_sweep(sweeps.SWEEPS["pareto"], 1)
+  old = sweeps.Sweep("old", "", tuple(sweeps._lr_arm(n, f, o)  # pylint: disable=protected-access
+                                      for n, o in sweeps.DECISIVE_FAMILIES
+                                      for f in sweeps.PARETO_LR_FACTORS), baseline="onpolicy_lr1x",
+                     config=sweeps.LARGE_BATCH_CONFIG, budget=plan["budget"],
+                     grid_points=sweeps.DECISIVE_GRID_POINTS, grid_first=sweeps.DECISIVE_GRID_FIRST,
+                     protocol=sweeps.DECISIVE_PROTOCOL)
+  old_specs = {s.arm: s.args() for s in runner.plan_sweep(old, 1)["specs"]}
+  specs = {s.arm: s for s in plan["specs"]}
+  assert len(old_specs) == 12 and all(specs[a].args() == args for a, args in old_specs.items())
+  assert "--config.total_steps=1569" in old_specs["onpolicy_lr1x"]  # 25088 / 16 + 1
+  families = {plan["arms"][a]["family"] for a in specs}
+  assert families == {"onpolicy", "replay", "posbias", "maxuses2", "adaptive", "adaptive_nobias",
+                      "gradient_gate", "fresh", "ppo_epochs"}
+  assert len(specs) == 9 * 3
+  o = {a: dict(s.overrides) for a, s in specs.items()}
+  assert o["adaptive_lr3x"]["buffer.positive_fraction"] == 0.5
+  assert "buffer.positive_fraction" not in o["adaptive_nobias_lr3x"]
+  assert o["adaptive_nobias_lr3x"]["buffer.reuse_control"] == "adaptive"
+  assert o["gradient_gate_lr1x"]["buffer.reuse_control"] == "gradient_gate"
+  assert o["gradient_gate_lr1x"]["buffer.on_policy"] is True
+  assert (o["fresh_lr10x"]["buffer.fresh_tau"], o["fresh_lr10x"]["buffer.fresh_base"],
+          o["fresh_lr10x"]["buffer.fresh_alpha"]) == (500.0, "reward", 0.6)
+  assert (o["ppo_epochs_lr1x"]["trainer.ppo_epochs"], o["ppo_epochs_lr1x"]["trainer.ppo_minibatches"]
+          ) == (2, 2)
+  assert o["ppo_epochs_lr1x"]["total_steps"] == 2 * 1568 + 1  # half-step updates fit the budget
+  assert plan["arms"]["fresh_lr3x"]["baseline"] == "onpolicy_lr3x"
+  for a in ("adaptive_lr1x", "adaptive_nobias_lr1x", "gradient_gate_lr1x", "fresh_lr1x",
+            "ppo_epochs_lr1x"):
+    c = runner.load_config(specs[a].config)
+    sweeps.apply(c, specs[a].overrides)
+    validation.validate_config(c)
+
+
+def test_the_running_sweeps_pareto_runs_keep_their_args():
+  """The pareto runs launched from 1af36df (4 families x 3 rates x seeds 0-1; their args as its
+  plan recorded them, `fixtures/pareto_1af36df_args.json`) are planned with exactly those args
+  by today's code: `runner._check_spec` accepts their directories and `execute` skips the finished
+  ones, so they stay valid beside the newest families."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(os.path.dirname(__file__), "fixtures", "pareto_1af36df_args.json")) as f:
+    pinned = json.load(f)["runs"]
+  assert len(pinned) == 24
+  planned = {s.rel_dir: s.args() for s in runner.plan_sweep(sweeps.SWEEPS["pareto"], 2)["specs"]}
+  assert {rel: planned.get(rel) for rel in pinned} == pinned
+
+
+def test_the_multiplication_sweep():
+  """`--sweep=pareto_multiplication` (issue 37 item 3): on-policy, posbias, adaptive,
+  adaptive_nobias and gradient_gate at 1x / 3x / 10x the second task's rate, 200 on-policy updates
+  of its large-batch config, its own buckets (not the scratchpad's)."""
+  sw = sweeps.SWEEPS["pareto_multiplication"]
+  assert sw.config == "configs/multiplication_large_batch.py" and sw.min_seeds == 4
+  plan = runner.plan_sweep(sw, 1)
+  base = runner.load_config(sw.config)
+  assert plan["budget"] == pytest.approx(base.compute_budget)  # 200 updates of 125.4 s
+  assert {a["family"] for a in plan["arms"].values()} == set(sweeps.MULTIPLICATION_FAMILIES)
+  lr = base.trainer.learning_rate
+  for spec in plan["specs"]:
+    o = dict(spec.overrides)
+    assert "trainer.buckets" not in o and o["eval.pass1_problems"] == 0
+    factor = plan["arms"][spec.arm]["tags"]["lr_factor"]
+    assert o["trainer.learning_rate"] == pytest.approx(factor * lr, rel=1e-3)
+    c = runner.load_config(spec.config)
+    sweeps.apply(c, spec.overrides)
+    validation.validate_config(c)
+
+
+def test_a_tasks_decisive_sweep_from_a_config_and_families():
+  """`pareto_task` (the second task's sweep, registered in one line once its config exists),
+  built here on the scratchpad's large-batch config."""
+  sw = sweeps.pareto_task("scratch", sweeps.LARGE_BATCH_CONFIG,
+                          ("onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate"))
+  assert sw.name == "pareto_scratch" and sw.baseline == "onpolicy_lr1x" and sw.figure == "pareto"
+  assert [a.name for a in sw.arms][:4] == ["onpolicy_lr1x", "onpolicy_lr3x", "onpolicy_lr10x",
+                                           "posbias_lr1x"]
+  assert len(sw.arms) == 15 and sw.budget == 200 * (1 + 6.84) * 16
+  assert ("trainer.buckets", (48, 56, 64)) not in sw.protocol  # the scratchpad's own bucket
+  plan = runner.plan_sweep(sw, 2)
+  assert len(plan["specs"]) == 30 and plan["grid"][-1] == sw.budget
+  assert {plan["arms"][a]["family"] for a in plan["arms"]} == {
+      "onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate"}
+  with pytest.raises(ValueError, match="need 'onpolicy'"):
+    sweeps.pareto_task("x", sweeps.LARGE_BATCH_CONFIG, ("posbias",))
+  with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
+    sweeps.pareto_task("x", sweeps.LARGE_BATCH_CONFIG, ("onpolicy", "nope"))
+  with pytest.raises(FileNotFoundError, match="not found"):
+    sweeps.pareto_task("x", "configs/no_such_config.py", ("onpolicy",))

@@ -45,6 +45,10 @@ class Hooks(Protocol):
   def train_on(self, rollouts: list, now: float) -> Any:
     """One gradient step on the batch of `rollouts`; returns a handle for `finish_step`."""
 
+  def train_share(self, handle: Any) -> float:
+    """The step's share of a full step's training cost (its rollouts / B: 1, or 1 / m for a
+    minibatch of trainer.ppo_minibatches m); the virtual clock charges it."""
+
   def publish_if_due(self, handle: Any) -> Optional[Weights]:
     """Publishes the new weights when a refresh is due; returns them (None when not due)."""
 
@@ -136,6 +140,9 @@ class SimState:
   # start, and those of them discarded (weights newer at the start, or another request came).
   speculative_rows: int = 0
   speculative_discarded: int = 0
+  # Regime diagnostics charged to the run's compute (log.charge_diagnostics, `run.regime`): priced
+  # device-seconds, part of compute_seconds, not of the clock nor of generation / training.
+  diagnostics_device_seconds: float = 0.0
 
 
 class GenerationCost:

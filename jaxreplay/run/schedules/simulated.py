@@ -34,15 +34,20 @@ class SimulatedScheduler(_LocalJobs):
   @classmethod
   def gamma(cls, config, sim_state: SimState) -> float:
     """1 on-policy (each update pays its B rollouts' generation); under paced generation
-    (buffer.reuse_control) the compute spent per update over the on-policy (1 + mu); else the
-    replay pipeline's gamma(W, T, mu)."""
-    c, mu = config, config.scheduler.mu
-    if c.buffer.on_policy:
+    (buffer.reuse_control fixed / adaptive) or several updates per fresh batch (ppo_epochs, the
+    gradient gate) the compute spent per update over the on-policy (1 + mu); else the replay
+    pipeline's gamma(W, T, mu)."""
+    c, mu, s = config, config.scheduler.mu, sim_state
+    minibatches = int(c.trainer.get("ppo_minibatches", 1))
+    reused = (c.buffer.get("reuse_control", "off") == "gradient_gate"
+              or int(c.trainer.get("ppo_epochs", 1)) * minibatches > 1)
+    if c.buffer.on_policy and not reused:
       return 1.0
-    if c.buffer.get("reuse_control", "off") != "off":
-      s = sim_state
+    if c.buffer.get("reuse_control", "off") != "off" or reused:
+      # updates = training seconds / (train_seconds_per_step / m): each costs B / m of a step
       return ((s.generation_device_seconds + s.training_device_seconds)
-              / ((1.0 + mu) * s.training_device_seconds)) if s.training_device_seconds else 1.0
+              / ((1.0 + mu) * s.training_device_seconds * minibatches)
+              ) if s.training_device_seconds else 1.0
     return accounting.gamma(c.rollout.num_workers, c.trainer.num_devices, mu)
 
   @classmethod
@@ -154,8 +159,9 @@ class SimulatedScheduler(_LocalJobs):
           st.requests += 1
       if trainer_done_at is None and not hooks.done() and hooks.can_train():
         step_handle = hooks.train_step(st.clock)
-        st.training_device_seconds += self.train_device_seconds
-        trainer_done_at = st.clock + self.step_seconds
+        share = hooks.train_share(step_handle)  # 1, or a ppo minibatch's B / m of B
+        st.training_device_seconds += self.train_device_seconds * share
+        trainer_done_at = st.clock + self.step_seconds * share
       # 2. Advance to the next event.
       pending = [t for t in worker_done_at if t is not None]
       if trainer_done_at is not None:

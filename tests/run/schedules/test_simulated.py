@@ -28,6 +28,21 @@ def test_simulated_schedule_timeline_and_weights():
   assert st.generation_device_seconds == 2.0 * st.requests
 
 
+def test_a_steps_share_of_training_is_its_virtual_cost():
+  """An update on a minibatch of B / m rollouts (trainer.ppo_minibatches, `Hooks.train_share`)
+  costs 1/m of train_device_seconds and takes 1/m of a step's time on the clock."""
+  class HalfSteps(FakeHooks):
+    def train_share(self, step):
+      del step
+      return 0.5
+  hooks = HalfSteps(batch=2, total=3)
+  sched = simulated(lambda i, w: FakeWorker(w, []), 2, 1, train=1.0)
+  sched.run(hooks)
+  # requests end at t=2; the three half-steps start at 2.0, 2.5, 3.0 and end at 3.5
+  assert [e[2] for e in hooks.events if e[0] == "train"] == [2.0, 2.5, 3.0]
+  assert sched.state.training_device_seconds == 1.5 and sched.state.clock == 3.5
+
+
 def test_workers_desynchronise_when_completion_lengths_differ():
   """Requests whose completions differ in length take different times, so deliveries spread out
   and batches mix policy versions: in-batch staleness varies on most steps (N >> one request)."""
