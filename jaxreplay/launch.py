@@ -14,7 +14,8 @@ program the run runs on its trainer GPUs for that GPU, without one (`run.gpu_com
 
 The console shows what starts (config, model, devices, backends), each evaluation, progress lines
 with an ETA and a summary at the end; WORKDIR/run.log keeps every log record in absl's format.
-Ctrl-C (SIGINT) or SIGTERM before the first step ended stops at once (nothing is trained yet);
+Ctrl-C (SIGINT) or SIGTERM during start-up (checks, build, compiles, the step-0 evaluation) stops
+at once (nothing is trained yet);
 afterwards the run stops after the current step with a checkpoint; a second one exits at once.
 
 Exit status: 0 when the run finished; 2 for an invalid command line or config; 128 + the signal's
@@ -182,7 +183,7 @@ def main(argv):
     try:
       run(config, workdir, dry_run, stop, log_file)
     except safety.StartupInterrupted as e:
-      logging.warning("%s during start-up: stopped before the first step ended (nothing to "
+      logging.warning("%s during start-up: stopped before the run started (nothing to "
                       "save); %s", e.signame, start_hint(workdir))
       console_log.flush()
       # The run's `with` blocks have closed what it started (workers, engines, writers). Exit

@@ -6,9 +6,9 @@
                    over, with a message naming the dead pid.
   StopSignals      the first SIGTERM / SIGINT asks the run to stop after the current step (the
                    pipeline then checkpoints, closes its writers and returns); a second one exits at
-                   once with 128 + signal number, as a shell does. During start-up (before the
-                   first step ended) the first one ends the run at once (`StartupInterrupted`),
-                   within a grace period even while an XLA compile holds the main thread.
+                   once with 128 + signal number, as a shell does. During start-up (until the
+                   run's step 0 is recorded) the first one ends the run at once
+                   (`StartupInterrupted`), within a grace period even while an XLA compile holds the main thread.
   NonFiniteGuard   counts consecutive updates the trainer skipped because the loss, gradient or new
                    parameters were NaN/inf (`trainer.make_train_step(skip_nonfinite=True)`); K in a row
                    stop the run with `NonFiniteUpdates`, a message that names the step, the batch and
@@ -109,7 +109,8 @@ def _read_holder(fd: int) -> dict[str, Any]:
 
 
 class StartupInterrupted(KeyboardInterrupt):
-  """A stop signal before the run's first step ended: the run ends at once (nothing to save)."""
+  """A stop signal before the run started (step 0 recorded): the run ends at once (nothing to
+  save)."""
 
   def __init__(self, signame: str):
     super().__init__(signame)
@@ -119,8 +120,8 @@ class StartupInterrupted(KeyboardInterrupt):
 class StopSignals:
   """SIGTERM / SIGINT handling for the run's main thread, as a context manager.
 
-  Two modes. At start-up (`startup=True`, until `graceful()` is called after the first step's end)
-  nothing has been trained yet: the first signal ends the run at once. Its handler raises
+  Two modes. At start-up (`startup=True`, until `graceful()` is called: the pipeline does once its
+  step 0 is recorded) nothing has been trained yet: the first signal ends the run at once. Its handler raises
   `StartupInterrupted` (a KeyboardInterrupt) in the main thread, whose `with` blocks close what was
   started; a watchdog thread, woken by the signal itself (`signal.set_wakeup_fd`: the main thread
   may be inside a long XLA compile, where no Python handler runs), ends the process with

@@ -160,8 +160,6 @@ class Pipeline:
       decision = hooks_lib.Decision(self.step, tuple(bool(x) for x in flags[0, 3:]))
     self.stopped = stop and not self.finished
     self._decision = decision
-    if self.stop is not None:
-      self.stop.graceful()  # a step has ended: from now on a stop saves a checkpoint first
 
   def _decide_finished(self, compute: float) -> None:
     c = self.config
@@ -221,6 +219,8 @@ class Pipeline:
       if metrics and jax.process_index() == 0:
         self.progress.evaluated(0, metrics)
       tel.writer.write(0, tel.metrics.first_row(metrics))
+    if self.stop is not None:  # started (step 0 recorded): a stop now saves a checkpoint first
+      self.stop.graceful()
 
   def summary(self) -> dict[str, Any]:
     out = {"step": self.step,
