@@ -4,7 +4,7 @@
   python -m jaxreplay.launch --config=configs/scratchpad_longtail.py --workdir=runs/longtail_partial \
       --config.rollout.partial=continue
 
-The task of partial rollouts (`rollout.partial`, docs/partial_rollouts.md, bench/bench_partial.py):
+The task of partial rollouts (`rollout.partial`, docs/multiturn.md, bench/bench_partial.py):
 each operand's digit count d is drawn with P(d) ~ 0.6^(d - 1) (`task.digit_decay`), and a worked
 solution holds 10 max(d_a, d_b) + 1 tokens (+ eos), so completions run from 12 to 82 tokens with
 a mean near 30: most requests are short and a few are long, and a whole-request call runs at the

@@ -13,7 +13,7 @@ rate 1.5e-4. It ended +0.022 [+0.019, +0.025] pass@1 above the best on-policy ra
 (4 seeds) and +0.006 [-0.000, +0.013] above fixed positive-bias replay, and reached the first
 accuracy target with 0.68x on-policy's compute. That config stays the sweeps' neutral base; use this
 one to train in the regime. Check the regime of your own run with `diag/batch_over_noise_scale`
-(README, "Which regime is my run in?"); the controller lowers reuse by itself when it falls.
+(docs/regimes.md); the controller lowers reuse by itself when it falls.
 """
 import importlib.util
 import os

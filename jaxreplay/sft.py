@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 import time
 from typing import Optional
@@ -211,6 +212,10 @@ def main(argv):
     if flag.value is not None:
       config.sft[key] = flag.value
   s = config.sft
+  if s.steps <= WARMUP_STEPS:
+    print(f"error: sft.steps={s.steps} must be > {WARMUP_STEPS} (the learning rate's warm-up "
+          f"steps); e.g. --sft_steps={WARMUP_STEPS + 10}", file=sys.stderr, flush=True)
+    sys.exit(2)
   noise = noise_kwargs(s, config.task.name)
   config.model.path = ""  # train the preset from scratch (model.path is usually this run's output)
   config.model.tokenizer = ""

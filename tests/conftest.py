@@ -33,6 +33,7 @@ def tiny_reference_run(tmp_path_factory):
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (root / "tiny_reference.done").exists():
       shutil.rmtree(workdir, ignore_errors=True)
-      tiny_runs.run_launch(str(workdir))
+      proc = tiny_runs.run_launch(str(workdir))
+      (root / "tiny_reference.console").write_text(proc.stderr)  # tests/test_launch.py reads it
       (root / "tiny_reference.done").write_text("ok")
   return str(workdir)

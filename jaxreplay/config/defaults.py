@@ -10,13 +10,15 @@ import ml_collections
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
+  c.seed = 0                       # seed of the run's random streams (prompts, sampling, init,
+                                   # buffer draws)
   c.total_steps = 100              # gradient steps (= policy versions produced); a cap when
                                    # compute_budget is set
   c.compute_budget = 0.0           # device-seconds of `compute_seconds` (the run's compute axis);
                                    # > 0: stop at the first step that reaches it; 0 = off
 
-  c.model = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict()  # the policy: its starting weights, tokenizer, dtypes,
+                                   # context and LoRA
   c.model.preset = "tiny"          # jaxreplay.models.presets name, used when `path` is empty
   c.model.path = ""                # HF model dir (config.json + *.safetensors) to start from
   c.model.tokenizer = ""           # tokenizer dir; empty: the model dir
@@ -26,8 +28,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    # '{"enable_thinking": false}' (Qwen3), '{"date_string":
                                    # "26 Jul 2024"}' (Llama-3.x, else today's date)
   c.model.dtype = "float32"        # compute dtype: float32 | bfloat16
-  c.model.param_dtype = "float32"
-  c.model.remat = False
+  c.model.param_dtype = "float32"  # master weights and Adam state dtype: float32 | bfloat16
+  c.model.remat = False            # recompute each layer's activations in the backward (less
+                                   # memory, ~1/3 more FLOPs)
   c.model.scan_unroll = 0          # layers per iteration of the layer scan: 0 = auto (all of them up
                                    # to 4 layers without remat, else 1) | 1 (a rolled loop: before
                                    # issue 13) | k
@@ -43,23 +46,25 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.lora_rslora = False      # rank-stabilised scale alpha / sqrt(r) (PEFT's use_rslora)
   c.model.lora_dtype = "float32"   # the adapters' (and their Adam state's) dtype: float32 | bfloat16
 
-  c.task = ml_collections.ConfigDict()
+  c.task = ml_collections.ConfigDict()  # the problems, their prompts and their rewards
   c.task.name = "arithmetic"       # arithmetic | scratchpad (addition, worked solution) |
                                    # multiplication (by one digit, worked solution) | math
                                    # | calculator (scratchpad with a calculator tool: multi-turn)
   c.task.path = ""                 # math: a local .jsonl / .json / .parquet file (or a dir)
   c.task.eval_path = ""            # math: held-out file (e.g. MATH-500); its problems are
                                    # removed from training; empty: a hashed 5% of task.path
-  c.task.problem_key = "problem"
-  c.task.answer_key = "answer"
+  c.task.problem_key = "problem"   # math: the field of a dataset row that holds the problem text
+  c.task.answer_key = "answer"     # math: the field of a dataset row that holds the reference
+                                   # answer
   c.task.template = "qwen_math"    # math prompt template (jaxreplay.tasks.math_data.PROMPT_TEMPLATES)
   c.task.num_digits = (1, 2)       # arithmetic / scratchpad operand digits (min, max), or n: (n, n);
                                    # multiplication: the multiplicand's
   c.task.digit_decay = 1.0         # arithmetic / scratchpad: P(d digits) ~ digit_decay^(d - min),
                                    # per operand; 1 = uniform, < 1 a geometric tail of long
                                    # problems (scratchpad: long-tailed completion lengths)
-  c.task.ops = "+"
-  c.task.reward_timeout_s = 5.0
+  c.task.ops = "+"                 # arithmetic: the operators drawn, e.g. "+" or "+-*"
+  c.task.reward_timeout_s = 5.0    # time limit of one reward call [s] (a call past it scores as
+                                   # a failure, counted in reward/timeouts)
   c.task.reward_memory_gib = 2.0   # math: address space one reward call may add to its child [GiB]
   c.task.reward_fn = ""            # math: "module:function", fn(completion: str, answer: str) ->
                                    # float, run in the reward processes (time- and memory-limited
@@ -77,16 +82,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.task.env_step_timeout_s = 5.0  # time limit of one environment call [s] (over: reward 0,
                                    # counted in env/timeouts)
 
-  c.rollout = ml_collections.ConfigDict()
+  c.rollout = ml_collections.ConfigDict()  # the rollout workers: backend, request shape, sampling,
+                                   # vLLM engines, placement
   c.rollout.backend = "jax"        # jax (in-process sampler) | vllm (one engine process per worker)
                                    # | auto (vllm when installed, else jax)
-  c.rollout.num_workers = 1        # W
+  c.rollout.num_workers = 1        # W, rollout workers (a vLLM engine or a JAX sampler each)
   c.rollout.group_size = 16        # G completions per prompt
-  c.rollout.prompts_per_request = 4
-  c.rollout.temperature = 1.0
-  c.rollout.top_p = 1.0
-  c.rollout.top_k = 0
-  c.rollout.max_tokens = 64
+  c.rollout.prompts_per_request = 4  # prompts per request a worker generates (each x group_size
+                                   # completions)
+  c.rollout.temperature = 1.0      # sampling temperature of the rollouts
+  c.rollout.top_p = 1.0            # nucleus sampling of the rollouts: keep the smallest set of
+                                   # tokens of this mass; 1 = off
+  c.rollout.top_k = 0              # sample among the k most likely tokens; 0 = off
+  c.rollout.max_tokens = 64        # completion length cap [tokens] (< model.max_len: the prompt
+                                   # needs room)
   c.rollout.refresh_every = 1      # trainer steps between worker weight refreshes
   c.rollout.prompts_in_flight = 0  # prompts a worker takes into one generate call (whole
                                    # requests of prompts_per_request); 0 = auto: vllm fills its
@@ -122,7 +131,7 @@ def base_config() -> ml_collections.ConfigDict:
                                    # shm: each a /dev/shm slot of the model in vllm_dtype, never
                                    # reused while among the newest; fewer: less shared memory, more
                                    # superseded loads)
-  c.rollout.sampler_batch_size = 64
+  c.rollout.sampler_batch_size = 64  # sequences per JAX-sampler call (its KV cache rows)
   c.rollout.placement = "local"    # where workers run: local (this process / child processes of
                                    # this machine) | ray (Ray actors; weights through Ray's object
                                    # store; needs the `ray` extra)
@@ -138,7 +147,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.ray_max_restarts = 5   # placement ray: Ray restarts of each worker actor (-1 = no
                                    # limit); then the worker is dead for good and the run fails
 
-  c.buffer = ml_collections.ConfigDict()
+  c.buffer = ml_collections.ConfigDict()  # the replay buffer: capacity N, batch B, how batches are
+                                   # drawn and reused
   c.buffer.size = 84               # N, in rollouts
   c.buffer.batch_size = 60         # B, rollouts per gradient step
   c.buffer.positive_fraction = 0.0  # delta of the positive-bias rule
@@ -157,7 +167,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.gate_window = 10        # gradient_gate: increments in the Z-score's sliding window
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
   c.buffer.reuse_min = 1.0         # adaptive: the range of the uses per rollout
-  c.buffer.reuse_max = 4.0
+  c.buffer.reuse_max = 4.0         # adaptive: the largest uses per rollout
   c.buffer.reuse_kl_max = 0.02     # adaptive: behaviour KL (k3, nats/token) above which reuse drops
   c.buffer.reuse_ess_min = 0.8     # adaptive: IS effective sample size below which reuse drops
   c.buffer.reuse_update_kl_max = 0.01  # adaptive: update KL (nats/token) above which reuse drops
@@ -180,21 +190,25 @@ def base_config() -> ml_collections.ConfigDict:
                                    # are drawn only when the other groups hold fewer than B
                                    # (DAPO's dynamic sampling without extra generation)
 
-  c.trainer = ml_collections.ConfigDict()
+  c.trainer = ml_collections.ConfigDict()  # the learner: devices, loss and its options, optimizer,
+                                   # train step
   c.trainer.num_devices = 1        # T, trainer devices (num_trainer_devices in the code): the
                                    # compute accounting and the simulated schedule
   c.trainer.mesh_shape = (1, -1, 1)  # (data, fsdp, tensor)
   c.trainer.loss = "grpo"          # grpo | asymre
-  c.trainer.eps_low = 0.2
-  c.trainer.eps_high = 0.2
+  c.trainer.eps_low = 0.2          # GRPO: lower clip of the ratio (1 - eps_low)
+  c.trainer.eps_high = 0.2         # GRPO: upper clip of the ratio (1 + eps_high; DAPO's
+                                   # clip-higher > eps_low)
   c.trainer.tau = -0.1             # AsymRE baseline shift
-  c.trainer.adv_eps = 1e-6
+  c.trainer.adv_eps = 1e-6         # GRPO: added to the group's reward std before dividing the
+                                   # advantages
   c.trainer.adv_std_ddof = 0       # GRPO advantages' std: 0 = population std (default); 1 = sample
                                    # std, as TRL and verl (advantages x sqrt(G/(G-1)): x1.069 at G=8)
   c.trainer.dual_clip = 0.0        # GRPO dual clip c > 1 [ratio]: for A < 0 the clipped objective is
                                    # bounded below by c * A (verl's dual-clip PPO, c = 3); 0 = off
   c.trainer.aggregation = "token_mean"  # token_mean | sequence_mean | constant
-  c.trainer.kl_coef = 0.0
+  c.trainer.kl_coef = 0.0          # coefficient of the k3 KL penalty to the initial policy; 0 =
+                                   # off (no reference copy)
   c.trainer.kl_clamp = 0.0         # K > 0 [nats/token]: clamp the k3 KL per token at K (and its
                                    # log-ratio at +-20), as verl does with K = 10; 0 = off
   c.trainer.tis_cap = 0.0          # truncated IS, token weight min(pi_theta/pi_sampler, C): with
@@ -212,14 +226,15 @@ def base_config() -> ml_collections.ConfigDict:
                                    # top_k, top_p on its own logits, as the samplers store them) |
                                    # raw (softmax of the raw logits; before issue 27). Identical
                                    # at temperature 1 without top-k / top-p
-  c.trainer.learning_rate = 1e-6
-  c.trainer.warmup_steps = 0
+  c.trainer.learning_rate = 1e-6   # AdamW peak learning rate
+  c.trainer.warmup_steps = 0       # linear warm-up of the learning rate [steps]
   c.trainer.schedule = "constant"  # constant | cosine
-  c.trainer.weight_decay = 0.0
-  c.trainer.b1 = 0.9
-  c.trainer.b2 = 0.999
-  c.trainer.max_grad_norm = 1.0
-  c.trainer.num_microbatches = 1
+  c.trainer.weight_decay = 0.0     # AdamW decoupled weight decay
+  c.trainer.b1 = 0.9               # Adam first-moment decay
+  c.trainer.b2 = 0.999             # Adam second-moment decay
+  c.trainer.max_grad_norm = 1.0    # clip the gradient's global norm to this; 0 = no clipping
+  c.trainer.num_microbatches = 1   # gradient accumulation: micro-batches per step (B divides by
+                                   # data*fsdp*this)
   c.trainer.ppo_epochs = 1         # epochs over each fresh batch of the on-policy queue (k;
                                    # data.batch_reuse: the classical multi-epoch baseline); 1 = one
                                    # update per batch
@@ -238,7 +253,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.trainer.compilation_cache = "auto"  # JAX's persistent compilation cache (a restart reuses
                                    # compiled steps): auto (WORKDIR/xla_cache on GPU, off on CPU) |
                                    # off | a directory (shared by runs; any platform)
-  c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+  c.trainer.buckets = (64, 128, 256, 512, 1024, 2048, 4096, 8192)  # padded sequence lengths of a
+                                   # batch [tokens]: each batch is padded to the smallest that fits
   c.trainer.pack = False           # several rollouts per row (first-fit into the bucket that needs
                                    # the fewest token slots); same loss and gradients, less padding
                                    # (tiny default: padding 44% -> 25%, 25% fewer token slots)
@@ -250,7 +266,8 @@ def base_config() -> ml_collections.ConfigDict:
                                    # 0 = the GPU's own (or no check on CPU)
   c.devices.memory_fraction = 0.9  # the share of it JAX may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION)
 
-  c.scheduler = ml_collections.ConfigDict()
+  c.scheduler = ml_collections.ConfigDict()  # how generation and training share time: simulated,
+                                   # sync or async
   c.scheduler.kind = "simulated"   # simulated: W workers / T trainer devices in virtual time |
                                    # sync: the theory's synchronous loop (R new rollouts per step)
                                    # | async: real concurrency
@@ -258,7 +275,8 @@ def base_config() -> ml_collections.ConfigDict:
   # g = mu * train_seconds_per_step / B; a request costs prefill_fraction * g per rollout plus
   # (1 - prefill_fraction) * g / reference_tokens per generated token.
   c.scheduler.mu = 6.84            # generation / training cost per update (paper: Qwen3-0.6B)
-  c.scheduler.train_seconds_per_step = 1.0
+  c.scheduler.train_seconds_per_step = 1.0  # virtual device-seconds of one train step (the unit of
+                                   # the simulated costs)
   c.scheduler.prefill_fraction = 0.1  # share of a reference rollout's cost that does not scale
                                    # with its generated tokens
   c.scheduler.reference_tokens = 0.0  # completion tokens of a reference rollout; 0 = the mean of
@@ -271,23 +289,24 @@ def base_config() -> ml_collections.ConfigDict:
                                    # that fill whole rollout.sampler_batch_size batches); 1 = one
                                    # request per call
 
-  c.eval = ml_collections.ConfigDict()
+  c.eval = ml_collections.ConfigDict()  # held-out evaluation: when, how many problems, samples and
+                                   # temperatures
   c.eval.every = 20                # steps; 0 = only at the end (ignored with compute_grid)
   c.eval.compute_grid = ()         # compute_seconds values: evaluate at the first step reaching
                                    # each (and at step 0 and the end); () = every eval.every steps
   c.eval.passk_grid = ()           # compute_grid points whose evaluation also draws the n_samples
                                    # pass@k / entropy samples (pass@1 only at the others; the final
                                    # evaluation always draws them); () = every evaluation
-  c.eval.num_problems = 64
+  c.eval.num_problems = 64         # held-out problems per evaluation; 0 = no evaluation
   c.eval.pass1_problems = 0        # problems of the evaluations that draw pass@1 only (the compute
                                    # grid's points outside eval.passk_grid): the first n of the
                                    # held-out set; 0 = all of them
   c.eval.batch_size = 0            # sequences per JAX-sampler call of evaluation (its KV cache is
                                    # on a trainer device); 0 = rollout.sampler_batch_size
-  c.eval.n_samples = 16
-  c.eval.ks = (1, 2, 4, 8, 16)
-  c.eval.temperature_pass1 = 0.1
-  c.eval.temperature_passk = 1.0
+  c.eval.n_samples = 16            # completions per problem for pass@k and entropy
+  c.eval.ks = (1, 2, 4, 8, 16)     # the k of the pass@k metrics (each <= n_samples)
+  c.eval.temperature_pass1 = 0.1   # sampling temperature of eval/pass@1 (near greedy)
+  c.eval.temperature_passk = 1.0   # sampling temperature of the n_samples pass@k / entropy samples
   c.eval.top_p = 1.0               # the paper evaluates at top_p 0.95
   c.eval.backend = "auto"          # where evaluation samples: engines (the rollout workers, between
                                    # requests: no KV cache on the trainer devices) | trainer (a JAX
@@ -295,9 +314,10 @@ def base_config() -> ml_collections.ConfigDict:
                                    # rollout.backend is vllm, else trainer); run_config.json records
                                    # the resolved value
 
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 20          # steps
-  c.checkpoint.keep = 2
+  c.checkpoint = ml_collections.ConfigDict()  # orbax checkpoints in WORKDIR/checkpoints (train
+                                   # state, buffer, data cursor)
+  c.checkpoint.every = 20          # steps between checkpoints (and the last step); 0 = only the last
+  c.checkpoint.keep = 2            # newest checkpoints kept on disk
   c.export_hf_every = 0            # steps between DIR/hf exports (and the last step); 0 = with
                                    # every checkpoint
 
@@ -305,7 +325,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.steps = 400                # gradient steps
   c.sft.batch = 128                # examples per step
   c.sft.learning_rate = 3e-3       # Adam peak (20 warmup steps, cosine to 10%)
-  c.sft.seed = 0
+  c.sft.seed = 0                   # seed of the warm-start's data and init
   c.sft.carry_drop = 0.0           # arithmetic: share of carry demonstrations that drop the carry;
                                    # scratchpad: probability that a demonstration forgets a carry
   c.sft.slip = 0.0                 # scratchpad: share of the 200 column facts (x, y, carry_in) the
@@ -317,8 +337,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.tool_rate = 0.0            # calculator: probability a demonstration calls the tool on a column
   c.sft.ignore_rate = 0.0          # calculator: probability it then ignores the tool's result
 
-  c.log = ml_collections.ConfigDict()
-  c.log.every_s = 10.0
+  c.log = ml_collections.ConfigDict()  # the progress line, diagnostics and Weights & Biases
+  c.log.every_s = 10.0             # seconds between progress lines on the console
   c.log.mismatch_every = 5         # steps between trainer/sampler log-prob comparisons
   c.log.diagnostics_every = 10     # steps between regime diagnostics (run.regime: gradient noise
                                    # scale, update KL, behaviour KL, ratio quantiles, IS ESS); one

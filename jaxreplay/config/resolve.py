@@ -38,6 +38,6 @@ def resolve(config) -> ml_collections.FrozenConfigDict:
   c.rollout.backend = backend_table.resolve(c.rollout.backend)
   eval_backend = backend_table.resolve_eval(c.eval.backend, c.rollout.backend)
   if eval_backend != c.eval.backend:
-    logging.info("eval.backend=%s -> %s", c.eval.backend, eval_backend)
+    logging.debug("eval.backend=%s -> %s", c.eval.backend, eval_backend)  # the banner says it
     c.eval.backend = eval_backend
   return ml_collections.FrozenConfigDict(c)

@@ -9,16 +9,23 @@ LoRA ranks), `data.samplers.SAMPLERS` / `QUEUES` (buffer.priority, buffer.on_pol
 `learner.algorithms.ALGORITHMS` (trainer.loss), `learner.corrections.CORRECTIONS`
 (trainer.off_policy), `config.schedule_table.SCHEDULES` (scheduler.kind). An algorithm's own options
 are checked by their dataclass (`learner.algorithms`), never re-typed here. The config layer never
-imports the run layer: what it checks of run/ is in `config.schedule_table`.
+imports the run layer: what it checks of run/ is in `config.schedule_table`. The rules over single
+keys (counts >= 1, tuple elements, keys another key switches off) are tables in `config.key_rules`;
+the run directory's checks (a file in the way, a resume that would change the training) are in
+`config.workdir`. The error is a `ConfigError` (a ValueError) holding the list of messages, each
+"<key>=<value> <what is wrong>; <the fix>": the launcher prints it as one line and exits 2.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
 
 from jaxreplay.config import devices as devices_lib
+from jaxreplay.config import key_rules
 from jaxreplay.config import schedule_table
+from jaxreplay.config import workdir as workdir_lib
 from jaxreplay.rollout import backend_table
 
 TASKS = ("arithmetic", "scratchpad", "multiplication", "math", "calculator")
@@ -31,22 +38,48 @@ DIGIT_DECAY_TASKS = ("arithmetic", "scratchpad", "calculator")  # the tasks task
 CHARGE_DIAGNOSTICS = ("auto", "on", "off")  # log.charge_diagnostics (run.regime.charges_diagnostics)
 
 
+class ConfigError(ValueError):
+  """The config's problems (`errors`, one message each: the key, its value and the fix)."""
+
+  def __init__(self, errors: list[str]):
+    self.errors = list(errors)
+    super().__init__("invalid config:\n  " + "\n  ".join(self.errors))
+
+
 def validate_config(c) -> None:
-  """Config conflicts a user can make, caught before anything is built (one ValueError)."""
-  errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
-            rollout_errors(c.rollout, c.model.max_len) + partial_errors(c) +
-            buffer_errors(c.buffer, c.rollout, c.log) +
-            trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) +
-            devices_errors(c.devices) + log_errors(c))
+  """Config conflicts a user can make, caught before anything is built (one `ConfigError`).
+
+  The single-key rules (`key_rules`: counts, tuple elements) go first: the section checks divide
+  by those counts."""
+  errors = key_rules.count_errors(c) + key_rules.element_errors(c)
+  if not errors:
+    errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
+              rollout_errors(c.rollout, c.model.max_len) + partial_errors(c) +
+              buffer_errors(c.buffer, c.rollout, c.log) + trainer_errors(c.trainer, c) +
+              scheduler_errors(c.scheduler, c) + eval_errors(c.eval) + devices_errors(c.devices) +
+              log_errors(c) + key_rules.no_effect_errors(c))
   if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+    raise ConfigError(errors)
+
+
+def check_resume(c, workdir: str) -> None:
+  """`ConfigError` when rerunning `workdir` with `c` would silently change its training
+  (`config.workdir.resume_errors`)."""
+  errors = workdir_lib.resume_errors(c, workdir)
+  if errors:
+    raise ConfigError(errors)
+
+
+def choice_error(key: str, value, valid, note: str = "") -> str:
+  """"key='value': expected one of (...)", the nearest valid value first when one is close."""
+  near = difflib.get_close_matches(str(value), [str(v) for v in valid], n=1, cutoff=0.6)
+  return (f"{key}={value!r}: expected one of {tuple(valid)}" + (f" ({note})" if note else "")
+          + (f"; did you mean {near[0]!r}?" if near else ""))
 
 
 def run_errors(c) -> list[str]:
-  """The top-level keys: total_steps, compute_budget, export_hf_every."""
+  """The top-level keys: compute_budget, export_hf_every (total_steps >= 1: `key_rules`)."""
   errors = []
-  if c.total_steps < 1:
-    errors.append(f"total_steps={c.total_steps} must be >= 1")
   if c.compute_budget < 0:
     errors.append(f"compute_budget={c.compute_budget} must be >= 0 (device-seconds; 0 = off)")
   if c.compute_budget > 0 and c.trainer.schedule == "cosine":
@@ -65,9 +98,15 @@ def model_errors(m, r=None) -> list[str]:
   if m.path and not os.path.isdir(m.path):
     errors.append(f"model.path={m.path!r} is not a directory; pass a Hugging Face model dir "
                   "(config.json + *.safetensors)")
+  elif m.path and not os.path.isfile(os.path.join(m.path, "config.json")):
+    errors.append(f"model.path={m.path!r} holds no config.json; pass a Hugging Face model dir "
+                  "(config.json + *.safetensors), e.g. a run's WORKDIR/hf")
+  if m.tokenizer and not os.path.isdir(m.tokenizer):
+    errors.append(f"model.tokenizer={m.tokenizer!r} is not a directory; pass a tokenizer dir "
+                  "(tokenizer.json), or '' for the one of model.path")
   mode = m.chat_template
   if not isinstance(mode, bool) and mode not in tokenizer.CHAT_TEMPLATE_MODES:
-    errors.append(f"model.chat_template={mode!r}: expected one of {tokenizer.CHAT_TEMPLATE_MODES}")
+    errors.append(choice_error("model.chat_template", mode, tokenizer.CHAT_TEMPLATE_MODES))
   try:
     chat_template_kwargs(m)
   except ValueError as e:
@@ -123,7 +162,7 @@ def task_errors(t) -> list[str]:
   from jaxreplay.tasks import arithmetic  # pylint: disable=g-import-not-at-top
   errors = []
   if t.name not in TASKS:
-    errors.append(f"task.name={t.name!r}: expected one of {TASKS}")
+    errors.append(choice_error("task.name", t.name, TASKS))
   if t.name in PROCEDURAL_TASKS:
     try:
       arithmetic.digit_range(t.num_digits)
@@ -144,6 +183,12 @@ def task_errors(t) -> list[str]:
   if t.name == "math" and not t.path:
     errors.append("task.name='math' needs task.path=<local .jsonl/.parquet file with problem and "
                   "answer fields>")
+  elif t.name == "math" and not os.path.exists(t.path):
+    errors.append(f"task.path={t.path!r} does not exist; give a local .jsonl, .json or .parquet "
+                  "file (or a directory of them) with problem and answer fields")
+  if t.path and t.name != "math":
+    errors.append(f"task.path={t.path!r} has no effect: only task.name='math' reads a dataset "
+                  f"(task.name={t.name!r}); unset it or use the math task")
   for key in ("eval_path", "reward_fn"):
     if t[key] and t.name != "math":
       errors.append(f"task.{key}={t[key]!r} is only read by task.name='math' (task.name="
@@ -191,7 +236,7 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
   from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   errors = []
   if r.backend not in backend_table.names():
-    errors.append(f"rollout.backend={r.backend!r}: expected one of {backend_table.names()}")
+    errors.append(choice_error("rollout.backend", r.backend, backend_table.names()))
   if r.max_tokens >= model_max_len:
     errors.append(f"rollout.max_tokens={r.max_tokens} leaves no room for a prompt in "
                   f"model.max_len={model_max_len}; raise model.max_len")
@@ -224,11 +269,11 @@ def rollout_errors(r, model_max_len: int) -> list[str]:
                   "[s] (0 = auto: 300 on CPU, 600 + 300 per engine on GPU)")
   for b in backend_table.BACKENDS.values():  # each backend's weight dtype key
     if b.dtype_key and r.get(b.dtype_key, "auto") not in b.dtypes:
-      errors.append(f"rollout.{b.dtype_key}={r[b.dtype_key]!r}: expected one of {b.dtypes}")
+      errors.append(choice_error(f"rollout.{b.dtype_key}", r[b.dtype_key], b.dtypes))
   transports = backend_table.weight_transports()
   if r.weight_transport not in transports:
-    errors.append(f"rollout.weight_transport={r.weight_transport!r}: expected one of "
-                  f"{transports} (shm: shared memory, file: an HF directory per refresh)")
+    errors.append(choice_error("rollout.weight_transport", r.weight_transport, transports,
+                               "shm: shared memory, file: an HF directory per refresh"))
   return errors + ray_errors(r)
 
 
@@ -281,9 +326,8 @@ def ray_errors(r) -> list[str]:
   errors = []
   placement = r.get("placement", "local")
   if placement not in backend_table.placements():
-    errors.append(f"rollout.placement={placement!r}: expected one of "
-                  f"{backend_table.placements()} (local: this machine's processes, ray: Ray "
-                  "actors)")
+    errors.append(choice_error("rollout.placement", placement, backend_table.placements(),
+                               "local: this machine's processes, ray: Ray actors"))
   if placement != "ray":
     return errors
   if importlib.util.find_spec("ray") is None:
@@ -291,9 +335,10 @@ def ray_errors(r) -> list[str]:
                      "'.[ray]'`, or set --config.rollout.placement=local"]
   from jaxreplay.rollout.ray import group  # pylint: disable=g-import-not-at-top
   if r.ray_placement_strategy not in group.STRATEGIES:
-    errors.append(f"rollout.ray_placement_strategy={r.ray_placement_strategy!r}: expected one of "
-                  f"{group.STRATEGIES} (PACK: as few nodes as possible, SPREAD: across "
-                  "nodes; STRICT_PACK / STRICT_SPREAD: all on one node / each on its own, or fail)")
+    errors.append(choice_error(
+        "rollout.ray_placement_strategy", r.ray_placement_strategy, group.STRATEGIES,
+        "PACK: as few nodes as possible, SPREAD: across nodes; STRICT_PACK / STRICT_SPREAD: all on "
+        "one node / each on its own, or fail"))
   if not r.ray_num_cpus_per_worker > 0:
     errors.append(f"rollout.ray_num_cpus_per_worker={r.ray_num_cpus_per_worker} must be > 0 "
                   "(CPUs reserved per worker actor; fractions such as 0.5 are allowed)")
@@ -345,10 +390,10 @@ def buffer_errors(b, r, log=None) -> list[str]:
   if b.on_policy and b.positive_fraction:
     errors.append("buffer.on_policy=True cannot use buffer.positive_fraction; set it to 0")
   if b.on_policy_order not in samplers.QUEUES:
-    errors.append(f"buffer.on_policy_order={b.on_policy_order!r}: expected one of "
-                  f"{tuple(samplers.QUEUES)}")
+    errors.append(choice_error("buffer.on_policy_order", b.on_policy_order,
+                               tuple(samplers.QUEUES)))
   if b.priority not in samplers.SAMPLERS:
-    errors.append(f"buffer.priority={b.priority!r}: expected one of {tuple(samplers.SAMPLERS)}")
+    errors.append(choice_error("buffer.priority", b.priority, tuple(samplers.SAMPLERS)))
   if not b.fresh_tau > 0:
     errors.append(f"buffer.fresh_tau={b.fresh_tau} must be > 0 [updates]")
   else:
@@ -380,11 +425,10 @@ def trainer_errors(t, c) -> list[str]:
   from jaxreplay.models import logprobs  # pylint: disable=g-import-not-at-top
   errors = []
   if t.get("logprob_remat", "auto") not in logprobs.REMAT_MODES:
-    errors.append(f"trainer.logprob_remat={t.logprob_remat!r}: expected one of "
-                  f"{logprobs.REMAT_MODES}")
+    errors.append(choice_error("trainer.logprob_remat", t.logprob_remat, logprobs.REMAT_MODES))
   if t.sampling_logprobs not in trainer.SAMPLING_LOGPROBS:
-    errors.append(f"trainer.sampling_logprobs={t.sampling_logprobs!r}: expected one of "
-                  f"{trainer.SAMPLING_LOGPROBS}")
+    errors.append(choice_error("trainer.sampling_logprobs", t.sampling_logprobs,
+                               trainer.SAMPLING_LOGPROBS))
   elif t.sampling_logprobs == "processed":
     try:
       trainer.logprob_processing(c)
@@ -393,13 +437,13 @@ def trainer_errors(t, c) -> list[str]:
                     f"{c.rollout.temperature}: {e}; sample at a temperature >= 1e-5 or set "
                     "trainer.sampling_logprobs='raw'")
   if t.get("nonfinite_check", "grads") not in trainer.NONFINITE_CHECKS:
-    errors.append(f"trainer.nonfinite_check={t.nonfinite_check!r}: expected one of "
-                  f"{trainer.NONFINITE_CHECKS}")
+    errors.append(choice_error("trainer.nonfinite_check", t.nonfinite_check,
+                               trainer.NONFINITE_CHECKS))
   if t.loss not in algorithms.ALGORITHMS:
-    errors.append(f"trainer.loss={t.loss!r}: expected one of {tuple(algorithms.ALGORITHMS)}")
+    errors.append(choice_error("trainer.loss", t.loss, tuple(algorithms.ALGORITHMS)))
   elif t.get("off_policy", "none") not in corrections.CORRECTIONS:
-    errors.append(f"trainer.off_policy={t.off_policy!r}: expected one of "
-                  f"{tuple(corrections.CORRECTIONS)}")
+    errors.append(choice_error("trainer.off_policy", t.off_policy,
+                               tuple(corrections.CORRECTIONS)))
   else:
     try:  # the algorithm's options, the off-policy correction and their combination
       trainer.loss_fn_from_config(t)
@@ -410,7 +454,7 @@ def trainer_errors(t, c) -> list[str]:
                     f"advantages; use group_size >= {algorithms.get(t.loss).min_group_size} or "
                     "trainer.loss='asymre'")
   if t.schedule not in optim.SCHEDULES:
-    errors.append(f"trainer.schedule={t.schedule!r}: expected one of {optim.SCHEDULES}")
+    errors.append(choice_error("trainer.schedule", t.schedule, optim.SCHEDULES))
   if t.schedule == "cosine" and c.total_steps <= t.warmup_steps:
     errors.append(f"trainer.schedule='cosine' needs total_steps={c.total_steps} > "
                   f"trainer.warmup_steps={t.warmup_steps}; lower warmup_steps or use "
@@ -460,7 +504,7 @@ def scheduler_errors(s, c) -> list[str]:
   errors = []
   record = schedule_table.SCHEDULES.get(s.kind)
   if record is None:
-    errors.append(f"scheduler.kind={s.kind!r}: expected one of {tuple(schedule_table.SCHEDULES)}")
+    errors.append(choice_error("scheduler.kind", s.kind, tuple(schedule_table.SCHEDULES)))
   if not 0.0 <= s.prefill_fraction < 1.0:
     errors.append(f"scheduler.prefill_fraction={s.prefill_fraction} must be in [0, 1)")
   if s.reference_tokens < 0:
@@ -497,18 +541,23 @@ def scheduler_errors(s, c) -> list[str]:
 
 
 def eval_errors(e) -> list[str]:
-  """eval.*: where it runs (`backend_table.EVAL_BACKENDS`) and its compute grid."""
+  """eval.*: where it runs (`backend_table.EVAL_BACKENDS`) and its compute grid (its elements
+  >= 0: `key_rules.ELEMENTS`)."""
   errors = []
-  if any(x < 0 for x in e.compute_grid):
-    errors.append(f"eval.compute_grid={tuple(e.compute_grid)} must hold compute_seconds >= 0")
   if e.passk_grid and not set(e.passk_grid) <= set(e.compute_grid):
     errors.append(f"eval.passk_grid={tuple(e.passk_grid)} must be a subset of "
                   f"eval.compute_grid={tuple(e.compute_grid)}")
   if e.backend not in backend_table.EVAL_BACKENDS:
-    errors.append(f"eval.backend={e.backend!r}: expected one of {backend_table.EVAL_BACKENDS} "
-                  "(auto: the rollout engines when rollout.backend='vllm', else the trainer)")
+    errors.append(choice_error("eval.backend", e.backend, backend_table.EVAL_BACKENDS,
+                               "auto: the rollout engines when rollout.backend='vllm', else the "
+                               "trainer"))
   if e.batch_size < 0:
     errors.append(f"eval.batch_size={e.batch_size} must be >= 0 (0 = rollout.sampler_batch_size)")
+  ks = [k for k in e.ks if isinstance(k, int)]
+  if e.n_samples and ks and (min(ks) < 1 or max(ks) > e.n_samples):
+    errors.append(f"eval.ks={tuple(e.ks)} must lie in [1, eval.n_samples={e.n_samples}] (pass@k "
+                  f"draws k of the n_samples); e.g. --config.eval.ks="
+                  f"{tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= e.n_samples)}")
   if not 0 <= e.pass1_problems <= e.num_problems:
     errors.append(f"eval.pass1_problems={e.pass1_problems} must be in [0, eval.num_problems="
                   f"{e.num_problems}] (0 = all held-out problems at every evaluation)")

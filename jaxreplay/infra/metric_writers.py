@@ -293,11 +293,13 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressLogger:
-  """Logs a line every `every_s` seconds: step/total, steps/s, ETA and a few metrics.
+  """Logs a line every `every_s` seconds: step/total, steps/s, ETA and a few metrics; and a line
+  per evaluation (`evaluated`).
 
   Rate and ETA are measured from the first update on (its time includes start-up and compilation,
-  which would make the first ETA hours long), so the first line says "ETA ?"; a resumed run's rate
-  counts only its own steps.
+  which would make a rate from the logger's creation far too slow): the first update prints
+  nothing (unless forced, or the last step) and the second prints at once, with an ETA. A resumed
+  run's rate counts only its own steps.
   """
 
   def __init__(self, total_steps: int, every_s: float = 30.0, start_step: int = 0,
@@ -336,11 +338,30 @@ class ProgressLogger:
       if k in self.keys:
         self._latest[k] = to_python(v)
     now = self._clock()
+    last_step = force or step >= self.total_steps
     if self._first is None:
       self._first = (now, step)
-    if not (force or step >= self.total_steps or now - self._last >= self.every_s):
+      if not last_step:
+        return None  # no rate yet: the next update prints
+    if not (last_step or now - self._last >= self.every_s):
       return None
     self._last = now
     text = self.line(step)
+    logging.info("%s", text)
+    return text
+
+  def evaluated(self, step: int, metrics: Mapping[str, Any],
+                keys: Sequence[str] = ("eval/pass@1", "eval/pass@1_t1", "eval/entropy")) -> str:
+    """Logs and returns the line of an evaluation: step, the eval/* values of `keys` and every
+    pass@k, and its seconds ("eval/seconds")."""
+    values = {k: to_python(v) for k, v in metrics.items()}
+    shown = [k for k in keys if k in values] + sorted(
+        (k for k in values if k.startswith("eval/pass@") and k not in keys),
+        key=lambda k: (len(k), k))
+    parts = [f"{k[len('eval/'):]} {values[k]:.3f}" for k in shown
+             if isinstance(values[k], (int, float)) and not isinstance(values[k], bool)]
+    seconds = values.get("eval/seconds")
+    took = f" ({format_duration(seconds)})" if isinstance(seconds, (int, float)) else ""
+    text = f"eval at step {step}: " + (" | ".join(parts) or "no metrics") + took
     logging.info("%s", text)
     return text

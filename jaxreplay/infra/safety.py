@@ -6,7 +6,9 @@
                    over, with a message naming the dead pid.
   StopSignals      the first SIGTERM / SIGINT asks the run to stop after the current step (the
                    pipeline then checkpoints, closes its writers and returns); a second one exits at
-                   once with 128 + signal number, as a shell does.
+                   once with 128 + signal number, as a shell does. During start-up (until the
+                   run's step 0 is recorded) the first one ends the run at once
+                   (`StartupInterrupted`), within a grace period even while an XLA compile holds the main thread.
   NonFiniteGuard   counts consecutive updates the trainer skipped because the loss, gradient or new
                    parameters were NaN/inf (`trainer.make_train_step(skip_nonfinite=True)`); K in a row
                    stop the run with `NonFiniteUpdates`, a message that names the step, the batch and
@@ -106,21 +108,46 @@ def _read_holder(fd: int) -> dict[str, Any]:
     return {}
 
 
+class StartupInterrupted(KeyboardInterrupt):
+  """A stop signal before the run started (step 0 recorded): the run ends at once (nothing to
+  save)."""
+
+  def __init__(self, signame: str):
+    super().__init__(signame)
+    self.signame = signame
+
+
 class StopSignals:
   """SIGTERM / SIGINT handling for the run's main thread, as a context manager.
 
-  Inside the block, the first signal sets `requested` (the name of the signal) and logs that the run
-  will stop after the current step; the second exits the process at once (`os._exit(128 + signum)`,
-  nothing more is written). The previous handlers come back on exit. Outside the main thread
-  (signal handlers cannot be installed there) it does nothing.
+  Two modes. At start-up (`startup=True`, until `graceful()` is called: the pipeline does once its
+  step 0 is recorded) nothing has been trained yet: the first signal ends the run at once. Its handler raises
+  `StartupInterrupted` (a KeyboardInterrupt) in the main thread, whose `with` blocks close what was
+  started; a watchdog thread, woken by the signal itself (`signal.set_wakeup_fd`: the main thread
+  may be inside a long XLA compile, where no Python handler runs), ends the process with
+  128 + signal number once `grace_s` have passed without it exiting, after logging `hint`.
+  Afterwards (and always with `startup=False`) the first signal sets `requested` (the signal's
+  name) and logs that the run will stop after the current step; the second exits the process at
+  once (`os._exit(128 + signum)`, nothing more is written; the watchdog does it too when the main
+  thread does not get to it within `grace_s`). The previous handlers come back on exit. Outside
+  the main thread (signal handlers cannot be installed there) it does nothing.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, startup: bool = False, grace_s: float = 3.0, hint: str = ""):
     self.requested: Optional[str] = None
     self.signum: Optional[int] = None
+    self.startup = startup
+    self.grace_s = float(grace_s)
+    self.hint = hint
     self._previous: dict[int, Any] = {}
+    self._wakeup: Optional[tuple[int, int, int]] = None  # (read fd, write fd, previous wakeup fd)
+    self._count = 0  # signals seen by the watchdog
+
+  def graceful(self) -> None:
+    """Ends the start-up mode: from now on a first signal stops the run after its step."""
+    self.startup = False
 
   def _handle(self, signum, frame) -> None:
     del frame
@@ -130,19 +157,63 @@ class StopSignals:
       logging.flush()
       os._exit(128 + signum)  # pylint: disable=protected-access
     self.requested, self.signum = name, signum
+    if self.startup:
+      raise StartupInterrupted(name)
     logging.warning("%s received: stopping after the current step (a checkpoint is saved); send it "
                     "again to exit at once", name)
+
+  def _watch(self, read_fd: int) -> None:
+    """The watchdog thread: exits the process when a start-up signal (or a second one) is not
+    honoured by the main thread within grace_s."""
+    while True:
+      try:
+        data = os.read(read_fd, 64)
+      except OSError:
+        return
+      if not data:
+        os.close(read_fd)  # the block ended (its write end was closed)
+        return
+      for signum in data:
+        if signum not in self.SIGNALS:
+          continue
+        self._count += 1
+        if self.startup or self._count >= 2:
+          threading.Thread(target=self._exit_after_grace, args=(signum,), daemon=True).start()
+
+  def _exit_after_grace(self, signum: int) -> None:
+    time.sleep(self.grace_s)
+    name = signal.Signals(signum).name
+    logging.error("%s: the run did not stop within %.0f s; exiting now. %s", name, self.grace_s,
+                  self.hint)
+    logging.flush()
+    os._exit(128 + signum)  # pylint: disable=protected-access
 
   def __enter__(self) -> "StopSignals":
     if threading.current_thread() is threading.main_thread():
       for s in self.SIGNALS:
         self._previous[s] = signal.signal(s, self._handle)
+      read_fd, write_fd = os.pipe()
+      os.set_blocking(write_fd, False)
+      try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+      except ValueError:  # not the main interpreter: no watchdog
+        os.close(read_fd)
+        os.close(write_fd)
+      else:
+        self._wakeup = (read_fd, write_fd, previous)
+        threading.Thread(target=self._watch, args=(read_fd,), daemon=True,
+                         name="stop-signals-watchdog").start()
     return self
 
   def __exit__(self, *exc) -> None:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     self._previous.clear()
+    if self._wakeup is not None:
+      read_fd, write_fd, previous = self._wakeup
+      self._wakeup = None
+      signal.set_wakeup_fd(previous)
+      os.close(write_fd)  # the watchdog reads EOF and ends
 
 
 class NonFiniteGuard:

@@ -120,7 +120,7 @@ def _matmul_2d(x: jax.Array, kernel: jax.Array, contract_kernel_dim: int) -> jax
   The leading axes are flattened into one before the dot: a rank-2 dot_general (and its two
   rank-2 gradients) maps onto the backend's GEMM, while XLA's CPU backend runs the gradient of a
   dot with two or more free axes (`einsum("bti,io->bto")`: the kernel gradient contracts over b
-  and t) 3-4x slower (measured: bench/bench_train_step.py, README "Train step vs the PyTorch peer").
+  and t) 3-4x slower (measured: bench/bench_train_step.py, docs/benchmarks.md "Train step vs the PyTorch peer").
   """
   lead = x.shape[:-1]
   y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), kernel,

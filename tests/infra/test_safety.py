@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from absl import logging
 import numpy as np
@@ -68,6 +69,54 @@ def test_first_signal_requests_a_stop_second_exits_at_once():
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
   assert "requested SIGTERM" in out.stdout and "not reached" not in out.stdout
   assert out.returncode == 128 + signal.SIGINT
+
+
+def test_a_signal_at_start_up_ends_the_run_at_once():
+  """At start-up the first SIGINT raises StartupInterrupted in the main thread; once `graceful()`
+  was called, it requests a stop after the step instead."""
+  script = textwrap.dedent(f"""\
+      import os, signal, sys, time
+      sys.path.insert(0, {REPO!r})
+      from jaxreplay.infra import safety
+      with safety.StopSignals(startup=True) as stop:
+        try:
+          os.kill(os.getpid(), signal.SIGINT)
+          time.sleep(5)
+          print("not reached", flush=True)
+        except safety.StartupInterrupted as e:
+          print("interrupted", e.signame, flush=True)
+        stop.requested = None
+        stop.graceful()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        print("requested", stop.requested, flush=True)
+      """)
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+  assert out.stdout.split("\n")[:2] == ["interrupted SIGINT", "requested SIGINT"], out.stderr
+  assert out.returncode == 0
+
+
+def test_the_watchdog_exits_when_the_main_thread_is_held():
+  """A start-up signal while the main thread is inside a long C call (an XLA compile, here a
+  C sleep the signal does not interrupt): the watchdog, woken by the signal itself, exits after the
+  grace period with 128 + signum and the hint."""
+  script = textwrap.dedent(f"""\
+      import os, signal, sys, threading, time
+      sys.path.insert(0, {REPO!r})
+      from jaxreplay.infra import safety
+      import ctypes
+      with safety.StopSignals(startup=True, grace_s=1.0, hint="rerun to resume") as stop:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        # The main thread stays in C (the signal goes to another thread): no Python handler runs.
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+        ctypes.CDLL(None).sleep(30)
+        print("not reached", flush=True)
+      """)
+  t0 = time.monotonic()
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+  assert out.returncode == 128 + signal.SIGTERM, out.stderr
+  assert time.monotonic() - t0 < 25  # not the 30 s of the C call
+  assert "not reached" not in out.stdout and "rerun to resume" in out.stderr
 
 
 def test_stop_signals_restore_previous_handlers():

@@ -221,9 +221,9 @@ def test_a_rejected_rerun_changes_nothing(tmp_path, tiny_reference_run):
   shutil.copytree(tiny_reference_run, workdir)
   before = {name: open(os.path.join(workdir, name)).read()
             for name in ("run_config.json", "metrics.jsonl")}
-  out = run_launch(workdir, "--config.total_steps=12", expect_rc=1)
+  out = run_launch(workdir, "--config.total_steps=12", expect_rc=2)
   assert "changed cosine schedule (total_steps 6 -> 12)" in out.stderr
-  out = run_launch(workdir, "--config.buffer.batch_size=512", expect_rc=1)
+  out = run_launch(workdir, "--config.buffer.batch_size=512", expect_rc=2)
   assert "buffer.batch_size (B=512)" in out.stderr
   for name, text in before.items():
     assert open(os.path.join(workdir, name)).read() == text, name

@@ -4,6 +4,9 @@ import importlib.util
 import json
 import math
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +93,42 @@ def test_plan_only_fits_one_h200(tmp_path):
   assert e.value.code == 3
   old = json.loads((tmp_path / "old" / "plan.json").read_text())
   assert old["fits"] is False and old["per_device_bytes"]["total"] > 68 * 2 ** 30
+
+
+def _gpu_check_sh(*args, path=None):
+  env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=REPO)
+  if path is not None:
+    env["PATH"] = path
+  script = os.path.join(REPO, "launch", "gpu_check.sh")
+  return subprocess.run([shutil.which("bash"), script, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_script_without_a_gpu_says_so_in_one_line(tmp_path):
+  """launch/gpu_check.sh on a machine without nvidia-smi: one line naming the checks that need no
+  GPU, exit 2, nothing created."""
+  bare = tmp_path / "bin"  # a PATH with bash's tools and python, without nvidia-smi
+  bare.mkdir()
+  for tool in ("timeout", "tee", "mkdir", "dirname", "head", "python3"):
+    found = shutil.which(tool)
+    if found:
+      (bare / tool).symlink_to(found)
+  out = _gpu_check_sh(str(tmp_path / "gc"), "--steps", "3", path=str(bare))
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.strip().splitlines() == [
+      f"gpu_check: no NVIDIA GPU here (nvidia-smi not found); run it on a GPU machine, or without "
+      f"one: launch/gpu_check.sh --plan_only --out {tmp_path / 'gc'} (the memory plan) or "
+      "--cpu_smoke"], out.stderr
+  assert not (tmp_path / "gc").exists()
+
+
+@pytest.mark.parametrize("args", [["--plan_only", "--out", "{out}"], ["{out}", "--plan_only"],
+                                  ["--out={out}", "--plan_only"]], ids=["flags_first", "out_first",
+                                                                      "out_equals"])
+def test_script_takes_its_flags_in_any_order(tmp_path, args):
+  out = tmp_path / "plan"
+  proc = _gpu_check_sh(*[a.format(out=out) for a in args])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads((out / "plan.json").read_text())["fits"] is True
+  assert not (tmp_path / "--plan_only").exists() and not os.path.exists(
+      os.path.join(REPO, "--plan_only"))

@@ -51,6 +51,20 @@ def test_sft_rejects_carry_drop_on_math(tmp_path):
   assert proc.returncode != 0 and "carry_drop" in proc.stderr
 
 
+def test_sft_too_few_steps_is_one_line(tmp_path):
+  """Steps not above the 20 warm-up steps: one line and exit 2 (it was optax's traceback about a
+  negative cosine decay), nothing written."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxreplay.sft", f"--config={REPO}/configs/tiny.py",
+       f"--out={tmp_path / 'x'}", "--sft_steps=5"],
+      cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=120)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "error: sft.steps=5 must be > 20 (the learning rate's warm-up steps); e.g. --sft_steps=30"]
+  assert os.listdir(tmp_path) == []
+
+
 def test_shipped_warm_start_is_sometimes_right_and_drops_carries():
   cfg, params = hf_io.load_hf(SFT, dtype=jnp.float32)
   codec = tokenizer.load_tokenizer(SFT)

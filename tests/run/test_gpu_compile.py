@@ -160,16 +160,17 @@ def test_compile_for_writes_the_compiled_plan(tmp_path):
 
 def test_compile_for_bad_target_and_missing_plugin_are_one_line(tmp_path):
   bad = _launch(tmp_path, "--dry_run", "--compile_for=a100")
-  assert bad.returncode != 0 and "h100|h200" in bad.stderr
+  assert bad.returncode == 2 and "h100" in bad.stderr and "h200" in bad.stderr, bad.stderr
+  assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
   assert not (tmp_path / "plan.json").exists()
   code = ("import sys; from jaxreplay.config import host_devices; "
           "host_devices.cuda_plugin_installed = lambda: False; "
           "from absl import app; from jaxreplay import launch; "
           f"sys.argv = ['launch', '--config=configs/tiny.py', '--workdir={tmp_path}', "
-          "'--compile_for=h100']; app.run(launch.main)")
+          "'--compile_for=h100']; app.run(launch.main, flags_parser=launch.parse_flags)")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
-  assert out.returncode == 1 and out.stderr.strip().splitlines() == [
-      "--compile_for=h100 needs JAX's CUDA plugin (no GPU needed): pip install -e "
+  assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+      "error: --compile_for=h100 needs JAX's CUDA plugin (no GPU needed); pip install -e "
       "'.[gpu-compile]'"], out.stderr
   assert not os.listdir(tmp_path)
