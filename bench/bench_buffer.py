@@ -61,8 +61,9 @@ def bench_one(batch_size: int, length: int, reps: int) -> dict:
   t_sample, rollouts = timed(lambda: buf.sample(batch_size), reps)
   t_collate, b = timed(lambda: collate.collate(rollouts, BUCKETS), reps)
   assert b.shape == (batch_size, length), b.shape
-  nbytes = int(sum(x.nbytes for x in b))
-  src = [np.asarray(x) for x in b]
+  arrays = [x for x in b if x is not None]  # optional fields (per-token versions) are None here
+  nbytes = int(sum(x.nbytes for x in arrays))
+  src = [np.asarray(x) for x in arrays]
   dst = [np.empty_like(x) for x in src]
   for d, x in zip(dst, src):  # touch the pages once, so the floor is the copy alone
     np.copyto(d, x)

@@ -502,9 +502,9 @@ def test_a_request_continues_across_a_refresh_without_regenerating_its_prefix():
   pool.start()
   try:
     rec.wait_for(lambda ds: len(ds) >= 1)
-    m = pool.metrics()
   finally:
     pool.stop(5)
+  m = pool.metrics()  # after the stop: the runner's counters follow its delivery (no race)
   (d,) = rec.deliveries
   worker = workers[0][0]
   # Chunks of 3 tokens: two at version 0, the refresh, then 3 + the last (STOP) at version 1.

@@ -53,7 +53,8 @@ def test_factory_passes_the_start_up_check():
 def test_tool_config_plans_with_dry_run(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
   cmd = [sys.executable, "-m", "jaxreplay.launch", "--config=configs/qwen3_8b_tools.py",
-         f"--workdir={tmp_path}", "--dry_run", "--config.task.path=/nonexistent.jsonl"]
+         f"--workdir={tmp_path}", "--dry_run",
+         f"--config.task.path={os.path.join(REPO, 'assets', 'math_example.jsonl')}"]
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "qwen3_8b" in out.stdout and "per device" in out.stdout
