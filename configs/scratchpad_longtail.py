@@ -52,6 +52,7 @@ def get_config():
   c.eval.every = 20
   c.eval.num_problems = 128
   c.eval.n_samples = 4
+  c.eval.ks = (1, 2, 4)
   c.eval.top_p = 0.95
   c.checkpoint.every = 20
   c.log.every_s = 10.0
