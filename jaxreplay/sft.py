@@ -205,8 +205,22 @@ def episode_accuracy(model_cfg, params, codec, task, problems, seq_len: int,
           "sft/turns_mean": out["sft/env/turns_mean"]}
 
 
+def _quiet_console() -> None:
+  """As the launcher's console: on a machine without a GPU, JAX starts on the CPU without probing
+  for a TPU (no "Unable to initialize backend 'tpu'" line), and progress lines carry no absl
+  prefix. JAX is imported already, so its platform is set through its config, before any array."""
+  from jaxreplay.config import devices  # pylint: disable=g-import-not-at-top
+  from jaxreplay.config import host_devices  # pylint: disable=g-import-not-at-top
+  from jaxreplay.infra import console_log  # pylint: disable=g-import-not-at-top
+  changed = host_devices.cpu_environment(gpus_visible=bool(devices.visible_gpus()))
+  if "JAX_PLATFORMS" in changed:
+    jax.config.update("jax_platforms", changed["JAX_PLATFORMS"])
+  console_log.setup()
+
+
 def main(argv):
   del argv
+  _quiet_console()
   config = _CONFIG.value
   for key, flag in _ALIASES.items():
     if flag.value is not None:

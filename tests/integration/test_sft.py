@@ -1,6 +1,7 @@
 """The supervised warm-start: the CLI writes a loadable HF dir, and the shipped checkpoint is what
 configs/tiny.py documents (right on about half of the held-out problems, wrong by dropping carries)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -27,13 +28,18 @@ def _greedy_answers(cfg, params, codec, problems):
 
 def test_sft_cli_writes_loadable_model(tmp_path):
   out = tmp_path / "sft"
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="")
+  env.pop("JAX_PLATFORMS", None)  # the sft picks the CPU itself, as the launcher does
   proc = subprocess.run(
       [sys.executable, "-m", "jaxreplay.sft", f"--config={REPO}/configs/tiny.py", f"--out={out}",
        "--sft_steps=25", "--config.sft.batch=32", "--config.sft.carry_drop=0.5"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "sft/greedy_accuracy" in proc.stdout
+  # The console as the launcher's: no TPU probe line, no absl prefix on the progress lines.
+  assert "tpu" not in proc.stderr.lower(), proc.stderr[-2000:]
+  assert not re.search(r"^[IWEF]\d{4} ", proc.stderr, re.M), proc.stderr[-2000:]
+  assert re.search(r"^sft step 1/25 loss ", proc.stderr, re.M), proc.stderr[-2000:]
   cfg, params = hf_io.load_hf(str(out), dtype=jnp.float32)
   ref_cfg = ModelConfig.from_hf_dir(SFT)
   assert cfg.replace(dtype=ref_cfg.dtype) == ref_cfg.replace(dtype=ref_cfg.dtype)
