@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Optional, Sequence
@@ -144,6 +145,7 @@ class StopSignals:
     self._previous: dict[int, Any] = {}
     self._wakeup: Optional[tuple[int, int, int]] = None  # (read fd, write fd, previous wakeup fd)
     self._count = 0  # signals seen by the watchdog
+    self._unraisable_hook: Optional[Any] = None  # sys.unraisablehook before the block
 
   def graceful(self) -> None:
     """Ends the start-up mode: from now on a first signal stops the run after its step."""
@@ -161,6 +163,17 @@ class StopSignals:
       raise StartupInterrupted(name)
     logging.warning("%s received: stopping after the current step (a checkpoint is saved); send it "
                     "again to exit at once", name)
+
+  def _unraisable(self, unraisable) -> None:
+    """A start-up stop raised inside a callback that swallows exceptions (JAX's garbage-collection
+    callback runs Python code wherever a collection starts) is lost there; it is delivered again
+    from another thread, so that the main thread raises it once the callback has returned, and no
+    "Exception ignored" traceback is printed. Anything else goes to the previous hook."""
+    if isinstance(unraisable.exc_value, StartupInterrupted) and self.signum is not None:
+      signum, self.requested = self.signum, None
+      threading.Timer(0.05, os.kill, args=(os.getpid(), signum)).start()
+      return
+    (self._unraisable_hook or sys.__unraisablehook__)(unraisable)
 
   def _watch(self, read_fd: int) -> None:
     """The watchdog thread: exits the process when a start-up signal (or a second one) is not
@@ -192,6 +205,7 @@ class StopSignals:
     if threading.current_thread() is threading.main_thread():
       for s in self.SIGNALS:
         self._previous[s] = signal.signal(s, self._handle)
+      self._unraisable_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
       read_fd, write_fd = os.pipe()
       os.set_blocking(write_fd, False)
       try:
@@ -209,6 +223,8 @@ class StopSignals:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     self._previous.clear()
+    if self._unraisable_hook is not None:
+      sys.unraisablehook, self._unraisable_hook = self._unraisable_hook, None
     if self._wakeup is not None:
       read_fd, write_fd, previous = self._wakeup
       self._wakeup = None

@@ -96,6 +96,36 @@ def test_a_signal_at_start_up_ends_the_run_at_once():
   assert out.returncode == 0
 
 
+def test_a_start_up_stop_lost_in_a_callback_is_raised_again_without_a_traceback():
+  """A start-up signal whose StartupInterrupted is raised inside a callback that swallows it (as
+  JAX's garbage-collection callback did: "Exception ignored in _xla_gc_callback", then the run did
+  not stop) is delivered again and raised in the main thread, and nothing is printed for it."""
+  script = textwrap.dedent(f"""\
+      import os, signal, sys, time
+      sys.path.insert(0, {REPO!r})
+      from jaxreplay.infra import safety
+      class Callback:
+        def __del__(self):  # exceptions raised here are lost ("Exception ignored in ...")
+          os.kill(os.getpid(), signal.SIGINT)
+          end = time.monotonic() + 1.0
+          while time.monotonic() < end:
+            pass  # the handler runs here, inside the callback
+      with safety.StopSignals(startup=True, grace_s=60):
+        try:
+          c = Callback()
+          del c
+          print("callback returned", flush=True)
+          time.sleep(5)
+          print("not reached", flush=True)
+        except safety.StartupInterrupted as e:
+          print("interrupted", e.signame, flush=True)
+      """)
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+  assert out.stdout.split("\n")[:2] == ["callback returned", "interrupted SIGINT"], out.stderr
+  assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+  assert out.returncode == 0
+
+
 def test_the_watchdog_exits_when_the_main_thread_is_held():
   """A start-up signal while the main thread is inside a long C call (an XLA compile, here a
   C sleep the signal does not interrupt): the watchdog, woken by the signal itself, exits after the
