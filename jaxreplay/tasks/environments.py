@@ -31,6 +31,7 @@ imported or builds no environment fails before the run starts, naming the fix.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import queue
@@ -186,7 +187,7 @@ class Tool(Protocol):
     ...
 
 
-class ToolEnvironment:
+class ToolEnvironment(abc.ABC):
   """An environment of tools: each policy turn that calls a tool (the first tool whose `parse`
   finds a call) gets the tool's output as the next observation; a turn that calls none ends the
   episode, scored by `score(transcript, problem)` (the policy's turns and the observations, in
@@ -218,8 +219,9 @@ class ToolEnvironment:
         return out, 0.0, False
     return "", float(self.score("".join(self.transcript), self.problem)), True
 
+  @abc.abstractmethod
   def score(self, transcript: str, problem: Any) -> float:
-    raise NotImplementedError
+    """The trajectory's reward in [0, 1] from its whole transcript (model turns and tool outputs)."""
 
   def metrics(self) -> Mapping[str, float]:
     return {"tool_calls": len(self.calls)}
