@@ -40,8 +40,9 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from jaxreplay.tasks import arithmetic
+from jaxreplay.tasks import scratchpad
 
-SEP, RESULT = ",", ";"
+SEP, RESULT = scratchpad.SEP, scratchpad.RESULT
 MULTIPLIERS = tuple(range(2, 10))  # the one-digit multipliers drawn
 TABLE = tuple(range(2, 10))        # digits x, y whose column facts the teacher may misremember
 CARRIES = tuple(range(10))         # carries in of those facts (0..y-1 in right solutions, up to 9
@@ -84,17 +85,9 @@ def worked_solution(a: int, y: int) -> str:
   return render(column_values(a, y))
 
 
-def final_answer(completion: str) -> Optional[str]:
-  """The result after the last ";" of a completion, or None when there is none."""
-  if RESULT not in completion:
-    return None
-  return completion.rsplit(RESULT, 1)[1].strip()
-
-
-def multiplication_reward(completion: str, solution: str) -> float:
-  """1.0 when `completion`, stripped of surrounding whitespace, is exactly `solution` (the worked
-  solution: every column and the result); else 0.0."""
-  return float(completion.strip() == solution)
+# The same result marker and exact-match reward as the scratchpad's written method.
+final_answer = scratchpad.final_answer
+multiplication_reward = scratchpad.scratchpad_reward
 
 
 def _unit(*key) -> float:
