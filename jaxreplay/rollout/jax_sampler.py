@@ -36,6 +36,21 @@ from jaxreplay.rollout.base import (GREEDY_EPS, Completion, Group, SamplingParam
 
 # ---- pure sampling math -------------------------------------------------------------------------
 
+
+def _record_token(step, tok, lp, done, out_t, out_lp, num, stopped, *, stop_ids, limits=None):
+  """One decode step's bookkeeping: rows not done record token `tok` [B] and its log-prob `lp` [B]
+  at column `step` of out_t / out_lp [B, max_new] and count it in num [B]; a stop token ends its
+  row (stopped [B]), as does reaching its token limit (`limits` [B], when given). Returns (done,
+  out_t, out_lp, num, stopped)."""
+  live = ~done
+  out_t = out_t.at[:, step].set(jnp.where(live, tok, 0))
+  out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+  hit = live & jnp.isin(tok, stop_ids)
+  num = num + live.astype(jnp.int32)
+  done = done | hit if limits is None else done | hit | (num >= limits)
+  return done, out_t, out_lp, num, stopped | hit
+
+
 def sample_token(rng: jax.Array, logits: jax.Array, temperature, top_k=None, top_p=None):
   """Draws one token per row and returns its processed log-prob.
 
@@ -99,12 +114,7 @@ def generate_batch(cfg, params, tokens, lengths, valid, row_keys, temperature, t
     keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
     return sample_token(keys, logits, temperature, k, p)
 
-  def record(step, tok, lp, done, out_t, out_lp, num, stopped):
-    active = ~done
-    out_t = out_t.at[:, step].set(jnp.where(active, tok, 0))
-    out_lp = out_lp.at[:, step].set(jnp.where(active, lp, 0.0))
-    hit = active & jnp.isin(tok, stop_ids)
-    return done | hit, out_t, out_lp, num + active.astype(jnp.int32), stopped | hit
+  record = functools.partial(_record_token, stop_ids=stop_ids)
 
   cache = decode.init_cache(cfg, b, cache_len)
   logits, cache = decode.prefill(cfg, params, tokens, lengths, cache)
@@ -157,13 +167,7 @@ def decode_turn(cfg, params, cache, logits, active, row_keys, turn, temperature,
     keys = jax.vmap(jax.random.fold_in, (0, None))(turn_keys, step)
     return sample_token(keys, logits, temperature, k, p)
 
-  def record(step, tok, lp, done, out_t, out_lp, num, stopped):
-    live = ~done
-    out_t = out_t.at[:, step].set(jnp.where(live, tok, 0))
-    out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
-    hit = live & jnp.isin(tok, stop_ids)
-    num = num + live.astype(jnp.int32)
-    return done | hit | (num >= limits), out_t, out_lp, num, stopped | hit
+  record = functools.partial(_record_token, stop_ids=stop_ids, limits=limits)
 
   tok, lp = sample(0, logits)
   state = record(0, tok, lp, ~active | (limits < 1), jnp.zeros((b, max_new), jnp.int32),
@@ -360,15 +364,21 @@ class JaxSampler:
       raise ValueError("this JaxSampler is closed; build a new one")
     return self._sample_requests(cfg, params, version, checked, sampling)
 
+  def _stop_ids(self, sampling: SamplingParams) -> np.ndarray:
+    """int32 [S]: the model's eos ids and the request's stop ids, padded with -1 (matches nothing)
+    to a multiple of 8 so that a few lengths compile."""
+    stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
+    stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
+    stop_ids[:len(stop)] = stop
+    return stop_ids
+
   def _sample_requests(self, cfg, params, version: int,
                        requests: Sequence[tuple[list[np.ndarray], int, int]],
                        sampling: SamplingParams) -> list[list[Group]]:
     """The rows of all `requests` ((prompts, n, call index) each; row r of a request is prompt
     r // n, sample r % n), sorted by prompt length and cut into batches of exactly `batch_size`
     rows (the last one padded); per request, its Groups."""
-    stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
-    stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
-    stop_ids[:len(stop)] = stop
+    stop_ids = self._stop_ids(sampling)
     sampling_key = jax.random.fold_in(jax.random.key(self.seed), sampling.seed)
     use_top_k = 0 < sampling.top_k < cfg.vocab_size
     use_top_p = sampling.top_p < 1.0
@@ -445,9 +455,7 @@ class JaxSampler:
       self._calls += 1
     if params is None:
       raise ValueError("this JaxSampler is closed; build a new one")
-    stop = sorted(set(self.eos_token_ids) | set(int(t) for t in sampling.stop_token_ids))
-    stop_ids = np.full(max(8, -(-len(stop) // 8) * 8), -1, np.int32)
-    stop_ids[:len(stop)] = stop
+    stop_ids = self._stop_ids(sampling)
     sampling_key = jax.random.fold_in(jax.random.key(self.seed), sampling.seed)
     settings = dict(
         temperature=jnp.float32(sampling.temperature), top_k=jnp.int32(sampling.top_k),
