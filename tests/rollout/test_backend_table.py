@@ -14,7 +14,8 @@ from tests.helpers.deps import require
 from jaxreplay.config import defaults
 from jaxreplay.config import validation
 from jaxreplay.rollout import backend_table
-from jaxreplay.rollout.base import Completion, Group, Weights
+from jaxreplay.rollout.base import Weights
+from tests.helpers import toy_entries
 from tests.helpers.paths import REPO
 
 
@@ -91,40 +92,6 @@ def test_facts_of_the_two_backends():
     backend_table.record("auto")
 
 
-class ToyWorker:
-  """A toy rollout worker: uniform random completions of `length` tokens (log-prob -log V each)."""
-
-  def __init__(self, vocab_size: int, seed: int, version: int, length: int = 4):
-    self.vocab_size, self.length = int(vocab_size), int(length)
-    self.rng = np.random.default_rng(seed)
-    self.policy_version = int(version)
-    self.calls = 0
-
-  def generate(self, prompts, n, sampling):
-    self.calls += 1
-    lp = np.full(self.length, -np.log(self.vocab_size), np.float32)
-    return [Group(np.asarray(p, np.int32),
-                  [Completion(self.rng.integers(1, self.vocab_size, self.length).astype(np.int32),
-                              lp, "length") for _ in range(n)], self.policy_version, prompt_index=i)
-            for i, p in enumerate(prompts)]
-
-  def load_weights(self, weights):
-    self.policy_version = int(weights.version)
-
-  def close(self):
-    pass
-
-
-def toy_worker(backend, index, weights):
-  return ToyWorker(backend.model_cfg.vocab_size, backend.worker_seed(index), weights.version)
-
-
-TOY = backend_table.Backend(
-    name="toy", title="a toy", workers={("local",): toy_worker},
-    publishers={("local", None): "jaxreplay.rollout.backends:device_copies"},
-    on_trainer_devices=True)
-
-
 def test_a_new_backend_is_one_record(monkeypatch):
   """A toy backend added as one record: validation accepts it, `RolloutBackend` publishes with the
   record's publisher and makes the record's worker; removed, the name is refused again."""
@@ -132,7 +99,7 @@ def test_a_new_backend_is_one_record(monkeypatch):
   from jaxreplay.models import presets, transformer  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout import backends  # pylint: disable=g-import-not-at-top
   from jaxreplay.rollout.base import SamplingParams  # pylint: disable=g-import-not-at-top
-  monkeypatch.setitem(backend_table.BACKENDS, "toy", TOY)
+  monkeypatch.setitem(backend_table.BACKENDS, "toy", toy_entries.TOY_BACKEND)
   c = defaults.base_config()
   c.rollout.backend = "toy"
   validation.validate_config(c)
@@ -145,7 +112,7 @@ def test_a_new_backend_is_one_record(monkeypatch):
     assert isinstance(weights, Weights) and weights.version == 3 and weights.params is not None
     worker = backend.make_worker(0, weights)
     groups = worker.generate([np.array([1, 2, 3], np.int32)], 2, SamplingParams(max_tokens=4))
-    assert isinstance(worker, ToyWorker) and worker.policy_version == 3
+    assert isinstance(worker, toy_entries.ToyWorker) and worker.policy_version == 3
     assert len(groups) == 1 and len(groups[0].completions) == 2
     assert backend.requests_per_call == 1 and backends.ray_gpus_per_worker(c, on_cpu=False) == 0.0
   finally:
