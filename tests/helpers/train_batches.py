@@ -1,8 +1,12 @@
 """A small policy and a fixed batch for train-step tests (tests/learner/test_trainer.py, the regime
 diagnostics of tests/learner/test_diagnostics.py and tests/run/test_regime.py): rows of different
-prompt / completion lengths, right-padded, with behaviour log-probs near the model's own."""
+prompt / completion lengths, right-padded, with behaviour log-probs near the model's own;
+`record_grads`, an optax stage placed first in a chain whose state is the raw gradient of the
+step (its paths mirror the params, so it is sharded by the same rules)."""
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxreplay.infra import sharding
 
@@ -17,6 +21,12 @@ CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_att
 B, T = 8, 32
 # Jitted once (eager op-by-op dispatch of the model costs seconds of test time).
 init_params = jax.jit(transformer.init_params, static_argnums=0)
+
+
+def record_grads() -> optax.GradientTransformation:
+  return optax.GradientTransformation(
+      init=lambda params: jax.tree.map(jnp.zeros_like, params),
+      update=lambda updates, state, params=None: (updates, updates))
 
 
 def make_batch(seed: int = 0) -> batch_lib.Batch:

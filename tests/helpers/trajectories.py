@@ -6,6 +6,9 @@ policy's tokens and 0 on the environment's, nonzero advantages.
 observation tokens between them: `completion_mask` 0, `turn_starts`) and single-turn ones (no mask).
 `env_positions(batch, rollouts)`: bool [B, T], the environment's target positions in a collated
 batch (completion targets whose mask is 0).
+`moved_env_targets(batch, env, vocab, seed)`: what the mask must hide (the environment's target
+tokens and their behaviour log-probs changed); `poked_policy_target(batch, vocab)`: the control
+(one policy token's target changed).
 """
 import dataclasses
 
@@ -61,3 +64,26 @@ def env_positions(rollouts, **collate_kwargs) -> np.ndarray:
   masked = collate_lib.collate(rollouts, **collate_kwargs).completion_mask
   full = collate_lib.collate(without_masks(rollouts), **collate_kwargs).completion_mask
   return (full > 0) & (masked == 0)
+
+
+def moved_env_targets(batch, env: np.ndarray, vocab: int, seed: int = 3):
+  """`batch` with every target at the environment's positions `env` (bool [B, T]) replaced by
+  another token id (what the policy would be trained to predict there) and their behaviour
+  log-probs by values in [-5, -0.1]; the inputs (`tokens`, the policy's context) are unchanged."""
+  rng = np.random.default_rng(seed)
+  moved = batch._replace(
+      targets=np.where(env, (batch.targets + rng.integers(1, vocab, env.shape)) % vocab,
+                       batch.targets).astype(np.int32),
+      behaviour_logprobs=np.where(env, -rng.uniform(0.1, 5, env.shape),
+                                  batch.behaviour_logprobs).astype(np.float32))
+  assert (moved.targets != batch.targets).sum() == env.sum()
+  return moved
+
+
+def poked_policy_target(batch, vocab: int):
+  """`batch` with the target of its first policy token (mask 1) changed: the control that moves
+  an update."""
+  pos = tuple(np.argwhere(batch.completion_mask > 0)[0])
+  targets = batch.targets.copy()
+  targets[pos] = (targets[pos] + 1) % vocab
+  return batch._replace(targets=targets)

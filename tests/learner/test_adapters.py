@@ -2,7 +2,8 @@
 devices: the train state is the adapters (optimizer state and gradients over them only), the base
 never changes, the losses, micro-batches, meshes and KL work as with full weights, checkpoints hold
 no base and a resume on another base is refused; the memory plan; the JAX sampler's refresh and the
-adapter-directory publisher."""
+adapter-directory publisher; multi-turn trajectories (issue 38): the environment's tokens move no
+adapter, and a LoRA step on them takes the merged model's gradient."""
 import json
 import os
 
@@ -10,17 +11,21 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxreplay.config import memory_plan
 from jaxreplay.config.defaults import base_config
+from jaxreplay.data import collate as collate_lib
 from jaxreplay.infra import checkpoint as checkpoint_lib
 from jaxreplay.infra import sharding
 from jaxreplay.learner import adapters as adapters_lib
 from jaxreplay.learner import batch as batch_lib
+from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
 from jaxreplay.learner import trainer
+from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import lora
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
@@ -28,7 +33,9 @@ from jaxreplay.rollout.base import SamplingParams, StaleWeights, Weights
 from jaxreplay.rollout.jax_sampler import JaxSampler
 from jaxreplay.rollout.weights.adapter_publisher import (AdapterDeviceCopyPublisher,
                                                          AdapterDirPublisher)
+from tests.helpers import trajectories
 from tests.helpers.tolerances import close, tree_scale
+from tests.helpers.train_batches import record_grads, with_behaviour
 
 CFG = presets.tiny(vocab_size=64, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=32)
@@ -70,14 +77,14 @@ def make_batch(seed=0) -> batch_lib.Batch:
                          policy_version=np.zeros(B, np.int32))
 
 
-def lora_parts(mesh, loss_fn, k=1, base_params=None):
-  """(base, state, step, logprob_fn) of LoRA training on `mesh`."""
-  opt = optim.make_optimizer(LR, eps=1e-3)
+def lora_parts(mesh, loss_fn, k=1, base_params=None, opt=None, donate=True):
+  """(base, state, step, logprob_fn) of LoRA training on `mesh` (AdamW at LR unless `opt`)."""
+  opt = opt or optim.make_optimizer(LR, eps=1e-3)
   base = adapters_lib.frozen_base(CFG, SPEC, mesh, base_params, rng=jax.random.PRNGKey(0))
   state = adapters_lib.init_adapter_state(CFG, SPEC, opt, jax.random.PRNGKey(1), mesh)
   state_sh = jax.tree.map(lambda x: x.sharding, state)
   step = trainer.make_train_step(CFG, opt, loss_fn, mesh, state_sh, num_microbatches=k,
-                                 chunk_size=CHUNK, lora=base)
+                                 chunk_size=CHUNK, lora=base, donate=donate)
   logprob_fn = trainer.make_logprob_fn(CFG, mesh, state_sh.params, CHUNK, lora=base)
   return base, state, step, logprob_fn
 
@@ -364,3 +371,82 @@ def test_regime_diagnostics_measure_the_adapters(data):
   kl = diagnostics.policy_kl(probe(data["before"].params, batch), probe(adapters, batch),
                              batch.completion_mask)
   assert float(kl) > 0.0 and np.isfinite(float(kl))
+
+
+# ---- multi-turn trajectories (issue 38) ---------------------------------------------------------
+
+TRAJ_BUCKETS = (64,)
+
+
+def _trajectory_parts(data, pack, opt=None):
+  """(state, step, batch, env, rollouts): LoRA training (GRPO, TIS, KL to the base, not donating)
+  from adapters whose b is nonzero (so both a and b have gradients), on a batch mixing single- and
+  multi-turn rows (`tests.helpers.trajectories`) with behaviour log-probs near the adapted model's;
+  env: bool [B, T], the environment's target positions."""
+  mesh = _mesh((1, 1, 1))
+  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.05,
+                                 off_policy=corrections.OffPolicyOptions(off_policy="tis"))
+  _, state, step, logprob_fn = lora_parts(mesh, loss_fn, base_params=data["base_params"], opt=opt,
+                                          donate=False)
+  rng = np.random.default_rng(7)
+  adapters = {t: {"a": ab["a"], "b": rng.normal(0, 0.05, ab["b"].shape).astype(np.float32)}
+              for t, ab in _host(state.params).items()}
+  state = state.replace(params=jax.device_put(adapters, jax.tree.map(lambda x: x.sharding,
+                                                                     state.params)))
+  rollouts = trajectories.mixed_rollouts(seed=2, vocab=CFG.vocab_size, n=B)
+  kw = dict(buckets=TRAJ_BUCKETS, pack=pack, batch_size=B)
+  batch = collate_lib.collate(rollouts, **kw)
+  batch = with_behaviour(batch, np.asarray(logprob_fn(state.params, batch)), seed=4)
+  env = trajectories.env_positions(rollouts, **kw)
+  assert env.sum() > 10 and (batch.completion_mask > 0).sum() > 20
+  return state, step, loss_fn, batch, env, rollouts
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_environment_tokens_move_no_adapter(data, pack):
+  """tests/learner/test_batch.py's check through the LoRA path: changing the environment's target
+  tokens (what the policy would be trained to predict there; its inputs, the later turns' context,
+  stay) and their behaviour log-probs leaves the adapters' update, the loss and every statistic
+  bit-identical; the same change at one policy token moves the update."""
+  state, step, _, batch, env, rollouts = _trajectory_parts(data, pack)
+  moved = trajectories.moved_env_targets(batch, env, CFG.vocab_size)
+  after, metrics = _host(step(state, batch))
+  after2, metrics2 = _host(step(state, moved))
+  chex.assert_trees_all_equal(after.params, after2.params)
+  chex.assert_trees_all_equal(after.opt_state, after2.opt_state)
+  assert metrics["tokens"] == float(sum(r.policy_tokens for r in rollouts))
+  assert set(metrics2) == set(metrics)
+  for key in metrics:
+    assert float(metrics2[key]) == float(metrics[key]), key
+  for t in SPEC.targets:  # both factors were trained
+    for f in ("a", "b"):
+      assert np.abs(after.params[t][f] - _host(state.params)[t][f]).max() > 0, (t, f)
+  after3, _ = step(state, trajectories.poked_policy_target(batch, CFG.vocab_size))
+  assert not np.array_equal(np.asarray(after3.params["q_proj"]["b"]), after.params["q_proj"]["b"])
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_lora_step_on_trajectories_takes_the_merged_models_gradient(data, pack):
+  """A LoRA step on mixed trajectories against a reference computed without the LoRA path: the
+  full-weights loss (`token_logprobs` at the merged weights W + scale a b of `lora.merge`, the
+  base's log-probs as the KL reference) differentiated w.r.t. the adapters. The step's loss and
+  its raw gradients (`record_grads`) are the reference's."""
+  opt = optax.chain(record_grads(), optim.make_optimizer(LR, eps=1e-3))
+  state, step, loss_fn, batch, _, _ = _trajectory_parts(data, pack, opt)
+  after, metrics = _host(step(state, batch))
+  base = jax.tree.map(jnp.asarray, data["base_params"])  # jax arrays: merge stays traceable
+
+  def token_lp(params):
+    return logprobs_lib.token_logprobs(CFG, params, batch.tokens, batch.targets, batch.positions,
+                                       batch.segment_ids, chunk_size=CHUNK,
+                                       single_sequence_rows=not batch.packed)
+
+  def reference_loss(adapters):
+    return loss_fn(token_lp(lora.merge(CFG, base, adapters, SPEC)), batch, token_lp(base))[0]
+
+  want_loss, want = jax.value_and_grad(reference_loss)(_host(state.params))
+  np.testing.assert_allclose(metrics["loss"], float(want_loss), **close(np.float32, B * 64, 1.0))
+  got = after.opt_state[0]
+  chex.assert_trees_all_close(got, _host(want), **close(np.float32, B * 64 * CFG.vocab_size,
+                                                          tree_scale(want)))
+  assert tree_scale(want) > 1e-3

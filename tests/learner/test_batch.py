@@ -1,13 +1,17 @@
 """Multi-turn rollouts (`learner.batch.Rollout`'s completion_mask / turn_starts) and what the
 learner does with them: on a batch mixing single- and multi-turn rows the environment's tokens get
 exactly zero gradient and enter no loss, KL, entropy or correction statistic, for every algorithm
-and correction, unpacked and packed."""
+and correction, unpacked and packed, nor the gradient gate's LM-head energy (the LoRA path:
+tests/learner/test_adapters.py; the reuse controller's statistics: tests/run/test_regime.py)."""
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxreplay.data import batch_reuse
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.infra import sharding
 from jaxreplay.learner import algorithms
@@ -105,7 +109,9 @@ def step_setup():
                                  off_policy=corrections.OffPolicyOptions(off_policy="tis"))
   step = trainer.make_train_step(CFG, opt, loss_fn, mesh, trainer.state_shardings(state, mesh),
                                  chunk_size=32, donate=False)
-  return state, step
+  return state, step, functools.partial(
+      trainer.make_train_step, CFG, opt, loss_fn, mesh, trainer.state_shardings(state, mesh),
+      chunk_size=32, donate=False)
 
 
 @pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
@@ -113,17 +119,11 @@ def test_train_step_ignores_what_the_environment_said_next(step_setup, pack):
   """Through the model: changing the environment's target tokens (what the policy would be
   trained to predict there) and their behaviour log-probs changes neither the gradients (the
   updated params are bit-identical) nor the loss, entropy, token count or any statistic."""
-  state, step = step_setup
+  state, step, _ = step_setup
   rollouts = trajectories.mixed_rollouts(seed=2, vocab=CFG.vocab_size, n=8)
   batch = collate_lib.collate(rollouts, buckets=BUCKETS, pack=pack, batch_size=8)
   env = trajectories.env_positions(rollouts, buckets=BUCKETS, pack=pack, batch_size=8)
-  rng = np.random.default_rng(3)
-  moved = batch._replace(
-      targets=np.where(env, (batch.targets + rng.integers(1, CFG.vocab_size, env.shape))
-                       % CFG.vocab_size, batch.targets).astype(np.int32),
-      behaviour_logprobs=np.where(env, -rng.uniform(0.1, 5, env.shape),
-                                  batch.behaviour_logprobs).astype(np.float32))
-  assert (moved.targets != batch.targets).sum() == env.sum()
+  moved = trajectories.moved_env_targets(batch, env, CFG.vocab_size)
   after, metrics = step(state, batch)
   after2, metrics2 = step(state, moved)
   chex.assert_trees_all_equal(jax.device_get(after.params), jax.device_get(after2.params))
@@ -132,9 +132,42 @@ def test_train_step_ignores_what_the_environment_said_next(step_setup, pack):
   for key in metrics:
     assert float(metrics2[key]) == float(metrics[key]), key
   # Control: the same change on a policy token moves the update.
-  pos = np.argwhere(batch.completion_mask > 0)[0]
-  poked = batch.targets.copy()
-  poked[tuple(pos)] = (poked[tuple(pos)] + 1) % CFG.vocab_size
-  after3, _ = step(state, batch._replace(targets=poked))
+  after3, _ = step(state, trajectories.poked_policy_target(batch, CFG.vocab_size))
   assert not np.array_equal(jax.device_get(after3.params["embed_tokens"]),
                             jax.device_get(after.params["embed_tokens"]))
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_gradient_gate_reads_no_environment_token(step_setup, pack):
+  """buffer.reuse_control="gradient_gate" (Dynamic Gradient Gating) on trajectories: over four
+  gated updates of one batch (`data.batch_reuse.BatchReuse`, armed at the fourth), the LM head's
+  gradient energy the step measures, the bounds, z-scores, interceptions and params are
+  bit-identical when the environment's targets and behaviour log-probs change; the same change at
+  one policy token moves the energy."""
+  state, _, make_step = step_setup
+  gated = make_step(gate_leaf=trainer.gate_leaf(CFG))
+  rollouts = trajectories.mixed_rollouts(seed=4, vocab=CFG.vocab_size, n=8)
+  kw = dict(buckets=BUCKETS, pack=pack, batch_size=8)
+  batch = collate_lib.collate(rollouts, **kw)
+  env = trajectories.env_positions(rollouts, **kw)
+
+  def reuse_one_batch(b):
+    plan = batch_reuse.BatchReuse(8, gate=batch_reuse.GateSettings(max_reuse=4, threshold=0.0,
+                                                                   window=2))
+    plan.begin(rollouts)
+    s, rows = state, []
+    for i in range(4):
+      plan.next_rollouts()
+      s, metrics = gated(s, b, np.float32(plan.bound()))
+      metrics = {key: float(v) for key, v in jax.device_get(metrics).items()}
+      rows.append({**metrics, **plan.record(metrics, step=i)})
+    return jax.device_get(s.params), rows
+
+  params, rows = reuse_one_batch(batch)
+  params2, rows2 = reuse_one_batch(trajectories.moved_env_targets(batch, env, CFG.vocab_size))
+  assert "gate/zscore" in rows[3] and np.isfinite(rows[3]["gate/bound"])  # the gate was armed
+  assert rows2 == rows
+  chex.assert_trees_all_equal(params2, params)
+  _, poked = gated(state, trajectories.poked_policy_target(batch, CFG.vocab_size),
+                   np.float32(np.inf))
+  assert float(poked["gate/lm_head_grad_energy"]) != rows[0]["gate/lm_head_grad_energy"]

@@ -23,7 +23,8 @@ from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import transformer
 from tests.helpers import tolerances
-from tests.helpers.train_batches import CFG, B, T, init_params, make_batch, with_behaviour
+from tests.helpers.train_batches import (CFG, B, T, init_params, make_batch, record_grads,
+                                         with_behaviour)
 
 CHUNK = 16
 LR = 1e-3
@@ -46,12 +47,6 @@ def param_tol():
           "rtol": tolerances.close(np.float32)["rtol"]}
 # Jitted once (eager op-by-op dispatch of the model costs seconds of test time).
 full_logits = jax.jit(transformer.apply, static_argnums=0)
-
-
-def record_grads() -> optax.GradientTransformation:
-  return optax.GradientTransformation(
-      init=lambda params: jax.tree.map(jnp.zeros_like, params),
-      update=lambda updates, state, params=None: (updates, updates))
 
 
 def _optimizer(lr=LR, **kw):

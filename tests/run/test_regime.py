@@ -1,14 +1,20 @@
 """Regime diagnostics, host side (`run.regime`): the smoothed noise scale, the micro-batch splits,
-the diag/* keys of a step and their host state (the device side: learner/test_diagnostics.py)."""
+the diag/* keys of a step and their host state (the device side: learner/test_diagnostics.py); on
+multi-turn trajectories they, and the adaptive reuse controller's decision from them, read only
+the policy's tokens."""
 import jax
 import numpy as np
 import pytest
 
 from jaxreplay.data import collate as collate_lib
+from jaxreplay.data import reuse
+from jaxreplay.learner import corrections
 from jaxreplay.learner import trainer
 from jaxreplay.learner.batch import Rollout
+from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.run import regime
-from tests.helpers.train_batches import CFG, one_device_setup
+from tests.helpers import trajectories
+from tests.helpers.train_batches import CFG, one_device_setup, with_behaviour
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +83,58 @@ def test_regime_diagnostics_measure_and_restore(setup):
   restored.load_state_dict(diag.state_dict())
   assert restored.noise.value == diag.noise.value and len(restored.probe) == 2
   np.testing.assert_array_equal(restored.probe[0].completion_tokens, rollouts[0].completion_tokens)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_reuse_controller_reads_only_the_policys_tokens(setup, pack):
+  """buffer.reuse_control="adaptive" on a batch mixing single- and multi-turn rows (issue 38):
+  every statistic the controller reads (the noise scale's gradient norms, the behaviour KL, the
+  ratios, the IS ESS, the update KL on a probe of the same trajectories) and its decision are
+  bit-identical when the environment's target tokens and their behaviour log-probs (meaningless at
+  mask-0 positions) change; with the mask dropped (every completion token the policy's) the same
+  change moves them."""
+  mesh, params, shardings, _ = setup
+  rollouts = trajectories.mixed_rollouts(seed=5, vocab=CFG.vocab_size, n=8)
+  kw = dict(buckets=(64,), pack=pack, batch_size=8)
+  env = trajectories.env_positions(rollouts, **kw)
+  updated = jax.tree.map(lambda x: x * 1.01, params)  # the policy after "an update"
+  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.05,
+                                 off_policy=corrections.OffPolicyOptions(off_policy="tis"))
+
+  def batch_of(rs):
+    batch = collate_lib.collate(rs, **kw)
+    lp = logprobs_lib.token_logprobs(CFG, params, batch.tokens, batch.targets, batch.positions,
+                                     batch.segment_ids, single_sequence_rows=not batch.packed)
+    return with_behaviour(batch, np.asarray(lp), seed=6)
+
+  def measure(rs, move):
+    """The diag/* keys of one measured update and the controller's decision from them."""
+    change = ((lambda b: trajectories.moved_env_targets(b, env, CFG.vocab_size)) if move
+              else (lambda b: b))
+    diag = regime.RegimeDiagnostics(CFG, loss_fn, mesh, shardings, every=1, splits=4,
+                                    probe_rollouts=8, chunk_size=16,
+                                    collate=lambda probe: change(batch_of(probe)))
+    out = diag.before_update(params, params, change(batch_of(rs)), rs)
+    out.update(diag.after_update(updated))
+    controller = reuse.ReuseController(
+        reuse.ReuseSettings(control="adaptive", target=2.0, reuse_min=1.0, reuse_max=4.0,
+                            kl_max=0.02, ess_min=0.8, update_kl_max=1.0), 8, 8)
+    return out, controller.decide(out, step=0)
+
+  out, decision = measure(rollouts, move=False)
+  out2, decision2 = measure(rollouts, move=True)
+  assert "diag/update_kl" in out and out["diag/update_kl"] > 0
+  if not pack:  # a signal, not the NaN fallback (the packed batch's 3 rows measure |G|^2 < 0)
+    assert np.isfinite(out["diag/batch_over_noise_scale"])
+  assert set(out2) == set(out)
+  for key in out:
+    np.testing.assert_array_equal(out2[key], out[key], err_msg=key)
+  np.testing.assert_equal(decision2, decision)  # NaN == NaN: the same signal, the same rho
+  assert "batch/noise scale" in decision["controller/reason"]
+  # Control: the mask dropped, the same change moves what the controller reads.
+  full = trajectories.without_masks(rollouts)
+  moved, _ = measure(full, move=True)
+  still, _ = measure(full, move=False)
+  for key in ("diag/behaviour_kl_k3", "diag/grad_sq", "diag/is_ess"):
+    assert moved[key] != still[key], key
+  assert still["diag/update_kl"] != out["diag/update_kl"]  # the environment's positions counted
