@@ -1,9 +1,11 @@
 """`configs/multiturn.py` end to end (`python -m jaxreplay.launch`, shortened): the calculator task
 on the JAX sampler and on vLLM (and under the async and sync schedules) writes the env/* metrics,
 and a run whose environment plug-in raises or hangs at every step goes on, counting env/errors or
-env/timeouts."""
+env/timeouts; with LoRA and with the adaptive reuse controller trajectories train, and such a run
+resumed from a checkpoint ends as the uninterrupted one."""
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,11 +27,16 @@ ENV_KEYS = ("env/turns_mean", "env/errors", "env/timeouts", "env/tool_calls", "e
             "env/tool_correct", "env/budget_cuts")
 
 
-def launch(workdir, *extra, timeout=600):
+def launch_process(workdir, *extra, timeout=600):
   proc = subprocess.run([sys.executable, "-m", "jaxreplay.launch", f"--config={CONFIG}",
                          f"--workdir={workdir}", *SHORT, *extra], cwd=REPO, env=tiny_runs.ENV,
                         capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc
+
+
+def launch(workdir, *extra, timeout=600):
+  launch_process(workdir, *extra, timeout=timeout)
   return tiny_runs.read_rows(workdir)
 
 
@@ -80,3 +87,44 @@ def test_calculator_runs_under_the_other_schedules(tmp_path, kind, extra):
                 *extra)
   last = check_env_rows(rows)
   assert last["env/errors"] == last["env/timeouts"] == 0 and last["env/tool_calls"] > 0
+
+
+CONTROLLER_KEYS = ("controller/reuse_target", "controller/signal", "controller/guards_fired",
+                   "controller/reason")
+# Countdown (two turns, "=" between them, reward 1 when the second starts with the answer's first
+# digit): the calculator warm start's 1-4% success gives a 3-step run no advantage to train on.
+COUNTDOWN = ("--config.task.name=scratchpad",
+             "--config.task.env_fn=tests.helpers.env_plugins:countdown")
+
+
+@pytest.mark.parametrize("design,extra,keys", [
+    ("lora", ("--config.model.lora_rank=4", "--config.trainer.learning_rate=1e-3"), ()),
+    ("adaptive", ("--config.buffer.reuse_control=adaptive", "--config.log.diagnostics_every=1"),
+     CONTROLLER_KEYS)])
+def test_trajectories_train_with_lora_and_the_adaptive_controller_and_resume(tmp_path, design,
+                                                                             extra, keys):
+  """Multi-turn trajectories through LoRA (adapters trained, the base frozen) and through the
+  adaptive reuse controller (a decision from the diagnostics of every batch): the run trains
+  (a nonzero gradient), writes the env/* keys and the controller's, and a copy resumed from its
+  step-2 checkpoint ends as the uninterrupted run, row for row."""
+  workdir, resumed = str(tmp_path / design), str(tmp_path / f"{design}_resumed")
+  flags = (*COUNTDOWN, "--config.eval.every=0", "--config.checkpoint.every=2", *extra)
+  rows = launch(workdir, *flags)
+  last = check_env_rows(rows)
+  assert last["env/errors"] == last["env/timeouts"] == 0 and last["env/tool_calls"] > 0
+  train = [r for r in rows if "loss" in r]
+  assert any(r["env/turns_mean"] == 2.0 for r in train)
+  assert any(r["grad_norm"] > 0 for r in train)
+  for key in keys:
+    assert all(key in r for r in train), key
+  if design == "adaptive":
+    assert all("batch/noise scale" in r["controller/reason"] for r in train)
+  else:
+    assert os.path.isdir(os.path.join(workdir, "hf_adapter"))
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]
+  shutil.copytree(workdir, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "3"))
+  out = launch_process(resumed, *flags)
+  assert "resumed at step 2" in out.stderr
+  assert ([tiny_runs.comparable(r) for r in tiny_runs.read_rows(resumed)] ==
+          [tiny_runs.comparable(r) for r in rows])
