@@ -177,7 +177,7 @@ def test_a_tasks_decisive_sweep_from_a_config_and_families():
   with pytest.raises(FileNotFoundError, match="not found"):
     sweeps.pareto_task("x", "configs/no_such_config.py", ("onpolicy",))
 def test_the_multiturn_sweep():
-  """Issue 38: on-policy vs replay on configs/multiturn.py, 3 seeds, one budget of 200 on-policy
+  """Issue 38: on-policy vs replay on configs/multiturn.py, 3 seeds, one budget of 80 on-policy
   updates of that config; the sweep's evaluation protocol on every run, which keeps the
   multi-turn task (one sampler call per prompt request, its environment)."""
   sweep = sweeps.SWEEPS["multiturn"]
@@ -187,7 +187,8 @@ def test_the_multiturn_sweep():
                                                       ("replay", "replay")]
   plan = runner.plan_sweep(sweep, sweep.min_seeds)
   base = runner.load_config("configs/multiturn.py")
-  assert plan["budget"] == 200 * sweeps.update_seconds(base)
+  assert plan["budget"] == 80 * sweeps.update_seconds(base)
+  assert len(plan["grid"]) == 8 + 1 and plan["grid"][1] == pytest.approx(plan["budget"] / 32)
   assert sorted((s.arm, s.seed) for s in plan["specs"]) == [
       (arm, seed) for arm in ("onpolicy", "replay") for seed in range(3)]
   for s in plan["specs"]:

@@ -133,10 +133,12 @@ def test_noisy_demonstrations():
 
 # ---- the shipped warm-start assets/calculator-sft (configs/multiturn.py) ------------------------
 
-# sft/greedy_accuracy 0.086 and sft/tool_correct 0.45 when built (configs/multiturn.py): a policy
-# that is sometimes right and uses the calculator badly, with headroom for RL.
-WARM_START_GREEDY = (0.02, 0.35)
-WARM_START_TOOL_CORRECT = (0.1, 0.9)
+# When built (configs/multiturn.py): sft/greedy_accuracy 0.504, 0.05 calls per greedy episode (its
+# demonstrations call on half the columns, so greedy decoding mostly writes the sum itself), the
+# few calls right and used (sft/tool_correct 1.0): a policy that is often wrong from misremembered
+# facts and under-uses the calculator that would fix them, with headroom for RL.
+WARM_START_GREEDY = (0.35, 0.7)
+WARM_START_TOOL_CALLS_MAX = 0.5
 
 
 def _config():
@@ -167,7 +169,7 @@ def test_warm_start_matches_its_config_and_plays_imperfectly():
                                max_turns=c.task.env_max_turns)
   lo, hi = WARM_START_GREEDY
   assert lo < stats["sft/greedy_accuracy"] < hi, stats
-  lo, hi = WARM_START_TOOL_CORRECT
-  assert lo < stats["sft/tool_correct"] < hi, stats
-  assert stats["sft/tool_calls_mean"] > 0.5 and stats["sft/turns_mean"] > 1.5, stats
+  assert 0 < stats["sft/tool_calls_mean"] < WARM_START_TOOL_CALLS_MAX, stats
+  assert stats["sft/turns_mean"] == pytest.approx(1 + stats["sft/tool_calls_mean"]), stats
+  assert stats["sft/tool_correct"] > 0.5, stats
   task.close()
