@@ -272,6 +272,9 @@ def summarize(workdir: str) -> dict:
   start = next(r for r in train if r["step"] >= from_step)
   steady = _rates(*(b - a for a, b in zip(counters(start), counters(last))))
   steady["from_step"] = start["step"]
+  updates = max(last["step"] - start["step"], 1)
+  steady["wall_per_update_s"] = steady["wall_s"] / updates
+  steady["trainer_wait_per_update_s"] = steady["trainer_wait_s"] / updates
   return {
       "steps": last["step"], **_rates(*counters(last)), "steady": steady,
       # Per completion token (with partial=off every token of a rollout has its version).
@@ -294,6 +297,9 @@ def summarize(workdir: str) -> dict:
 COMPARED = (
     ("trainer_idle_fraction", ("steady", "trainer_idle_fraction"), "idle", "{:.3f}"),
     ("trainer_idle_fraction_whole", ("trainer_idle_fraction",), "idle all", "{:.3f}"),
+    ("wall_per_update_s", ("steady", "wall_per_update_s"), "s/update", "{:.2f}"),
+    ("trainer_wait_per_update_s", ("steady", "trainer_wait_per_update_s"), "wait/upd s",
+     "{:.2f}"),
     ("tokens_per_generate_s", ("steady", "tokens_per_generate_s"), "tok/gen s", "{:.0f}"),
     ("tokens_per_wall_s", ("steady", "tokens_per_wall_s"), "tok/wall s", "{:.0f}"),
     ("token_staleness_mean", ("token_staleness_mean",), "tok stale", "{:.2f}"),

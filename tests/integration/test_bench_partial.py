@@ -66,6 +66,7 @@ def test_summarize_takes_the_steady_window(bench, tmp_path):
   np.testing.assert_allclose([st["wall_s"], st["trainer_idle_fraction"],
                               st["tokens_per_generate_s"], st["tokens_per_wall_s"]],
                              [12.0, 0.25, 400.0, 50.0])
+  np.testing.assert_allclose([st["wall_per_update_s"], st["trainer_wait_per_update_s"]], [2.0, 0.5])
   np.testing.assert_allclose(r["token_staleness_mean"], 0.55)
   assert (r["pass1_start"], r["pass1_end"], r["compute_seconds"]) == (0.25, 0.375, 24.0)
   write_run(str(tmp_path / "noeval"), 8, 0.5, 100.0, 0.25, 0.375, last_eval=False)
