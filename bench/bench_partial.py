@@ -343,26 +343,32 @@ def _table(title: str, rows: list[tuple[str, list[float]]]) -> None:
     print(f"{name:>24} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
 
 
+PLOTTED = (("trainer_idle_fraction", "trainer idle fraction", False),
+           ("wall_per_update_s", "wall seconds per update", False),
+           ("tokens_per_generate_s", "tokens / generate-s", True))
+
+
 def plot_real(arms: dict, path: str) -> None:
-  """Steady-window trainer idle fraction and generated tokens per wall second per arm, each seed
-  a dot over the mean's bar."""
+  """Per arm, over the steady window: the trainer's idle fraction, wall seconds per update and
+  generation throughput; each seed a dot over the mean's bar."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top  (Agg, no pyplot)
-  fig = Figure(figsize=(9, 3.6))
+  fig = Figure(figsize=(11, 3.6))
   names = list(arms)
-  for ax, key, label in zip(fig.subplots(1, 2), ("trainer_idle_fraction", "tokens_per_wall_s"),
-                            ("trainer idle fraction (steady window)",
-                             "generated tokens / wall s (steady window)")):
-    x = np.arange(len(names))
+  x = np.arange(len(names))
+  for ax, (key, label, log) in zip(fig.subplots(1, len(PLOTTED)), PLOTTED):
     ax.bar(x, [arms[n]["mean"][key] for n in names],
            color=["tab:blue" if n.endswith("_off") else "tab:orange" for n in names])
     for i, n in enumerate(names):
       vals = list(arms[n]["per_seed"][key].values())
-      ax.plot([i] * len(vals), vals, "k.", ms=8)
+      ax.plot([i] * len(vals), vals, "k.", ms=7)
+    if log:
+      ax.set_yscale("log")
     ax.set_xticks(x, [n.replace("_", "\n") for n in names])
-    ax.set_title(label, fontsize=10)
-  fig.suptitle("partial rollouts off / continue: real async CPU runs "
-               "(configs/scratchpad_longtail.py)", fontsize=10)
+    ax.set_title(label + " (steady window)", fontsize=9)
+  fig.suptitle("rollout.partial off / continue, real async CPU runs of "
+               "configs/scratchpad_longtail.py (bars: means, dots: seeds)", fontsize=10)
   fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=110)
 
 
