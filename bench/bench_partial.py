@@ -18,13 +18,18 @@ scratchpad additions with a geometric tail: 12 to 82 tokens, most short):
 2. Real async runs (`--real`): `python -m jaxreplay.launch --config=configs/scratchpad_longtail.py`
    with the on-policy queue, per backend (jax, vllm) and arm (off, continue), seeds interleaved
    (the machine is shared: arms alternate so that load drifts hit both). Reported from the
-   metrics rows: the trainer's wait for rollouts (time/trainer_wait_s) over the wall time,
-   generation throughput (pool/tokens / pool/generate_seconds, and per wall second), token
-   staleness, and held-out pass@1 at the same number of updates (same rollouts consumed: equal
-   training compute) with the measured compute_seconds beside it.
+   metrics rows, over the steady window (from update max(2, steps // 4) to the last: the first
+   ones wait for engine start-ups and compiles; the whole run's idle fraction beside it): the
+   trainer's wait for rollouts (time/trainer_wait_s) over the wall time and per update, wall
+   seconds per update, generation throughput (pool/tokens / pool/generate_seconds, and per wall
+   second); token staleness and versions per rollout of the trained batches; held-out pass@1
+   after the last update (same updates: equal training steps) with the measured compute_seconds
+   beside it. Per backend and arm the per-seed values and their mean; per seed the paired
+   difference continue - off, summarized with a 95% t interval over the seeds.
 
   python bench/bench_partial.py --sim
-  python bench/bench_partial.py --real --backends=jax,vllm --steps=24 --seeds=0,1
+  python bench/bench_partial.py --real --backends=jax,vllm --steps=48 --seeds=0,1,2,3,4,5 \
+      --backend_seeds=vllm=0,1,2,3 --plot
 
 Prints tables and writes bench/results/partial_rollouts.json (the parts run; a later run keeps the
 other part's results in the file).
@@ -318,7 +323,9 @@ def _value(run: dict, where: tuple) -> float:
 
 def compare(runs: dict, seeds: dict[str, list[int]]) -> tuple[dict, dict]:
   """Per backend and arm: the mean and the per-seed values of every COMPARED number; per backend
-  and seed: continue minus off (paired by seed: same problems, same initial weights)."""
+  and seed: continue minus off (paired by seed: same problems, same initial weights), and their
+  summary (`science.stats.paired`: mean, 95% t interval, ...) with how many seeds fell below 0."""
+  from jaxreplay.science import stats  # pylint: disable=g-import-not-at-top
   arms, paired = {}, {}
   for backend, backend_seeds in seeds.items():
     for mode in ("off", "continue"):
@@ -331,6 +338,9 @@ def compare(runs: dict, seeds: dict[str, list[int]]) -> tuple[dict, dict]:
         key: {str(s): _value(runs[f"{backend}_continue_seed{s}"], where)
               - _value(runs[f"{backend}_off_seed{s}"], where) for s in backend_seeds}
         for key, where, _, _ in COMPARED}
+    paired[backend]["summary"] = {
+        key: dict(stats.paired(list(v.values())), below_zero=sum(x < 0 for x in v.values()))
+        for key, v in list(paired[backend].items())}
   return arms, paired
 
 
@@ -428,6 +438,14 @@ def run_real(args) -> dict:
   _table("\ncontinue - off, paired by seed:",
          [(f"{b} seed{s}", [paired[b][k][str(s)] for k, _, _, _ in COMPARED])
           for b in backends for s in seeds[b]])
+  print("\ncontinue - off: mean [95% t interval over seeds] (seeds below 0)")
+  for b in backends:
+    for key, _, header, fmt in COMPARED:
+      p = paired[b]["summary"][key]
+      lo, hi = p["ci95"]
+      ci = (f"[{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None else "[-]")
+      print(f"  {b:>5} {header:>10}: {fmt.format(p['mean']):>8} {ci:>20} "
+            f"({p['below_zero']} of {p['n']})")
   if args.plot:
     path = os.path.join(os.path.dirname(args.out) if args.out.endswith(".json") else args.out,
                         "partial_rollouts.png")

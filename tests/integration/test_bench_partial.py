@@ -86,6 +86,9 @@ def test_compare_pairs_each_seed(bench, tmp_path):
   assert arms["jax_continue"]["mean"]["pass1_end"] == 0.5625
   assert paired["jax"]["pass1_end"] == {"0": 0.125, "1": 0.125}
   np.testing.assert_allclose(list(paired["jax"]["trainer_idle_fraction"].values()), [0.25, 0.25])
+  summary = paired["jax"]["summary"]["pass1_end"]
+  assert (summary["n"], summary["mean"], summary["below_zero"]) == (2, 0.125, 0)
+  np.testing.assert_allclose(summary["ci95"], [0.125, 0.125])  # equal differences: no spread
 
 
 def test_backend_seeds(bench):
