@@ -18,13 +18,18 @@ scratchpad additions with a geometric tail: 12 to 82 tokens, most short):
 2. Real async runs (`--real`): `python -m jaxreplay.launch --config=configs/scratchpad_longtail.py`
    with the on-policy queue, per backend (jax, vllm) and arm (off, continue), seeds interleaved
    (the machine is shared: arms alternate so that load drifts hit both). Reported from the
-   metrics rows: the trainer's wait for rollouts (time/trainer_wait_s) over the wall time,
-   generation throughput (pool/tokens / pool/generate_seconds, and per wall second), token
-   staleness, and held-out pass@1 at the same number of updates (same rollouts consumed: equal
-   training compute) with the measured compute_seconds beside it.
+   metrics rows, over the steady window (from update max(2, steps // 4) to the last: the first
+   ones wait for engine start-ups and compiles; the whole run's idle fraction beside it): the
+   trainer's wait for rollouts (time/trainer_wait_s) over the wall time and per update, wall
+   seconds per update, generation throughput (pool/tokens / pool/generate_seconds, and per wall
+   second); token staleness and versions per rollout of the trained batches; held-out pass@1
+   after the last update (same updates: equal training steps) with the measured compute_seconds
+   beside it. Per backend and arm the per-seed values and their mean; per seed the paired
+   difference continue - off, summarized with a 95% t interval over the seeds.
 
   python bench/bench_partial.py --sim
-  python bench/bench_partial.py --real --backends=jax,vllm --steps=24 --seeds=0,1
+  python bench/bench_partial.py --real --backends=jax,vllm --steps=48 --seeds=0,1,2,3,4,5 \
+      --backend_seeds=vllm=0,1,2,3 --plot
 
 Prints tables and writes bench/results/partial_rollouts.json (the parts run; a later run keeps the
 other part's results in the file).
@@ -36,6 +41,7 @@ import heapq
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -241,65 +247,214 @@ def launch(workdir: str, backend: str, mode: str, seed: int, steps: int, extra) 
     subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
 
 
+def _steady_from(steps: int) -> int:
+  """The first update of the steady window: the updates before it wait for the workers' start and
+  the samplers' first compiles, which a short run would otherwise mostly measure."""
+  return max(2, steps // 4)
+
+
+def _rates(wall_s: float, wait_s: float, tokens: float, gen_s: float) -> dict:
+  return {"wall_s": wall_s, "trainer_wait_s": wait_s,
+          "trainer_idle_fraction": wait_s / max(wall_s, 1e-9),
+          "gen_tokens": tokens, "gen_seconds": gen_s,
+          "tokens_per_generate_s": tokens / max(gen_s, 1e-9),
+          "tokens_per_wall_s": tokens / max(wall_s, 1e-9)}
+
+
 def summarize(workdir: str) -> dict:
+  """One run's numbers from its metrics rows: over the whole run and over the steady window
+  (`_steady_from` to the end; differences of the cumulative counters)."""
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-  last, first = rows[-1], rows[0]
-  train = [r for r in rows if "loss" in r]
+  first, last = rows[0], rows[-1]
+  train = [r for r in rows if "time/wall_s" in r]
+  if "eval/pass@1" not in last or "eval/pass@1" not in first:
+    raise RuntimeError(f"{workdir}: the first and last metrics rows must carry eval/pass@1 "
+                       "(eval at step 0 and at the last step); rerun with --rerun")
   get = lambda key: [r[key] for r in train if key in r]
-  wall = last["time/wall_s"]
+  counters = lambda r: (r["time/wall_s"], r["time/trainer_wait_s"], r["pool/tokens"],
+                        r["pool/generate_seconds"])
+  from_step = _steady_from(last["step"])
+  start = next(r for r in train if r["step"] >= from_step)
+  steady = _rates(*(b - a for a, b in zip(counters(start), counters(last))))
+  steady["from_step"] = start["step"]
+  updates = max(last["step"] - start["step"], 1)
+  steady["wall_per_update_s"] = steady["wall_s"] / updates
+  steady["trainer_wait_per_update_s"] = steady["trainer_wait_s"] / updates
   return {
-      "steps": last["step"], "wall_s": wall,
-      "trainer_wait_s": last["time/trainer_wait_s"],
-      "trainer_idle_fraction": last["time/trainer_wait_s"] / wall,
-      "gen_tokens": last["pool/tokens"], "gen_seconds": last["pool/generate_seconds"],
-      "tokens_per_generate_s": last["pool/tokens"] / max(last["pool/generate_seconds"], 1e-9),
-      "tokens_per_wall_s": last["pool/tokens"] / wall,
+      "steps": last["step"], **_rates(*counters(last)), "steady": steady,
+      # Per completion token (with partial=off every token of a rollout has its version).
       "token_staleness_mean": float(np.mean(get("buffer/token_staleness_mean") or
                                             get("buffer/staleness_mean"))),
       "rollout_staleness_mean": float(np.mean(get("buffer/staleness_mean"))),
+      # Of the rollouts trained on (batches), and of all the pool delivered.
       "versions_per_rollout_mean": float(np.mean(get("buffer/versions_per_rollout_mean") or [1.0])),
+      "pool_versions_per_rollout_mean": last.get("rollout/versions_per_rollout_mean", 1.0),
       "partial_continued": last.get("rollout/partial_continued", 0.0),
+      "fresh_rollouts": float(sum(get("fresh_rollouts"))),
       "compute_seconds": last["compute_seconds"],
-      "pass1_start": first.get("eval/pass@1"), "pass1_end": last.get("eval/pass@1"),
+      "generation_seconds": last["compute/generation_seconds"],
+      "training_seconds": last["compute/training_seconds"],
+      "pass1_start": first["eval/pass@1"], "pass1_end": last["eval/pass@1"],
   }
+
+
+# The numbers compared per backend and arm: (key, where in a run's summary, table header, format).
+COMPARED = (
+    ("trainer_idle_fraction", ("steady", "trainer_idle_fraction"), "idle", "{:.3f}"),
+    ("trainer_idle_fraction_whole", ("trainer_idle_fraction",), "idle all", "{:.3f}"),
+    ("wall_per_update_s", ("steady", "wall_per_update_s"), "s/update", "{:.2f}"),
+    ("trainer_wait_per_update_s", ("steady", "trainer_wait_per_update_s"), "wait/upd s",
+     "{:.2f}"),
+    ("tokens_per_generate_s", ("steady", "tokens_per_generate_s"), "tok/gen s", "{:.0f}"),
+    ("tokens_per_wall_s", ("steady", "tokens_per_wall_s"), "tok/wall s", "{:.0f}"),
+    ("token_staleness_mean", ("token_staleness_mean",), "tok stale", "{:.2f}"),
+    ("versions_per_rollout_mean", ("versions_per_rollout_mean",), "versions", "{:.2f}"),
+    ("pass1_end", ("pass1_end",), "pass@1", "{:.3f}"),
+    ("compute_seconds", ("compute_seconds",), "compute s", "{:.0f}"),
+    ("wall_s", ("wall_s",), "wall s", "{:.0f}"),
+)
+
+
+def _value(run: dict, where: tuple) -> float:
+  for k in where:
+    run = run[k]
+  return float(run)
+
+
+def compare(runs: dict, seeds: dict[str, list[int]]) -> tuple[dict, dict]:
+  """Per backend and arm: the mean and the per-seed values of every COMPARED number; per backend
+  and seed: continue minus off (paired by seed: same problems, same initial weights), and their
+  summary (`science.stats.paired`: mean, 95% t interval, ...) with how many seeds fell below 0."""
+  from jaxreplay.science import stats  # pylint: disable=g-import-not-at-top
+  arms, paired = {}, {}
+  for backend, backend_seeds in seeds.items():
+    for mode in ("off", "continue"):
+      per_seed = {key: [_value(runs[f"{backend}_{mode}_seed{s}"], where) for s in backend_seeds]
+                  for key, where, _, _ in COMPARED}
+      arms[f"{backend}_{mode}"] = {
+          "mean": {k: float(np.mean(v)) for k, v in per_seed.items()},
+          "per_seed": {k: dict(zip(map(str, backend_seeds), v)) for k, v in per_seed.items()}}
+    paired[backend] = {
+        key: {str(s): _value(runs[f"{backend}_continue_seed{s}"], where)
+              - _value(runs[f"{backend}_off_seed{s}"], where) for s in backend_seeds}
+        for key, where, _, _ in COMPARED}
+    paired[backend]["summary"] = {
+        key: dict(stats.paired(list(v.values())), below_zero=sum(x < 0 for x in v.values()))
+        for key, v in list(paired[backend].items())}
+  return arms, paired
+
+
+def _table(title: str, rows: list[tuple[str, list[float]]]) -> None:
+  print(title)
+  widths = [max(len(h), 10) for _, _, h, _ in COMPARED]
+  print(f"{'':>24} " + " ".join(f"{h:>{w}}" for (_, _, h, _), w in zip(COMPARED, widths)))
+  for name, values in rows:
+    cells = [fmt.format(v) for v, (_, _, _, fmt) in zip(values, COMPARED)]
+    print(f"{name:>24} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+
+
+PLOTTED = (("trainer_idle_fraction", "trainer idle fraction", False),
+           ("wall_per_update_s", "wall seconds per update", False),
+           ("tokens_per_generate_s", "tokens / generate-s", True))
+
+
+def plot_real(arms: dict, path: str) -> None:
+  """Per arm, over the steady window: the trainer's idle fraction, wall seconds per update and
+  generation throughput; each seed a dot over the mean's bar."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top  (Agg, no pyplot)
+  fig = Figure(figsize=(11, 3.6))
+  names = list(arms)
+  x = np.arange(len(names))
+  for ax, (key, label, log) in zip(fig.subplots(1, len(PLOTTED)), PLOTTED):
+    ax.bar(x, [arms[n]["mean"][key] for n in names],
+           color=["tab:blue" if n.endswith("_off") else "tab:orange" for n in names])
+    for i, n in enumerate(names):
+      vals = list(arms[n]["per_seed"][key].values())
+      ax.plot([i] * len(vals), vals, "k.", ms=7)
+    if log:
+      ax.set_yscale("log")
+    ax.set_xticks(x, [n.replace("_", "\n") for n in names])
+    ax.set_title(label + " (steady window)", fontsize=9)
+  fig.suptitle("rollout.partial off / continue, real async CPU runs of "
+               "configs/scratchpad_longtail.py (bars: means, dots: seeds)", fontsize=10)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+
+
+def finished(workdir: str, steps: int) -> bool:
+  """Whether the run in `workdir` reached update `steps` and its last evaluation."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return False
+  lines = open(path).read().splitlines()
+  last = json.loads(lines[-1]) if lines else {}
+  return last.get("step") == steps and "eval/pass@1" in last
+
+
+def seeds_of(args) -> dict[str, list[int]]:
+  """Per backend, its seeds: --seeds, or --backend_seeds BACKEND=S,S for that backend."""
+  backends = args.backends.split(",")
+  out = {b: [int(s) for s in args.seeds.split(",")] for b in backends}
+  for item in args.backend_seeds:
+    backend, _, seeds = item.partition("=")
+    if backend not in out or not seeds:
+      raise SystemExit(f"--backend_seeds={item!r}: expected BACKEND=S,S with BACKEND one of "
+                       f"--backends={args.backends}")
+    out[backend] = [int(s) for s in seeds.split(",")]
+  return out
 
 
 def run_real(args) -> dict:
   root = args.workdir
   os.makedirs(root, exist_ok=True)
+  backends = args.backends.split(",")
+  seeds = seeds_of(args)
   runs = {}
-  for backend in args.backends.split(","):
-    for seed in [int(s) for s in args.seeds.split(",")]:
-      order = ("off", "continue") if seed % 2 == 0 else ("continue", "off")  # interleaved
+  # Seeds outer, backends inner, arms alternating by seed: load drifts on the shared machine hit
+  # every arm, and a cut-short bench has whole seeds of every backend.
+  for seed in sorted({s for ss in seeds.values() for s in ss}):
+    for backend in [b for b in backends if seed in seeds[b]]:
+      order = ("off", "continue") if seed % 2 == 0 else ("continue", "off")
       for mode in order:
         name = f"{backend}_{mode}_seed{seed}"
         workdir = os.path.join(root, name)
-        if not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or args.rerun:
+        if args.rerun or not finished(workdir, args.steps):
+          if os.path.exists(workdir):
+            shutil.rmtree(workdir)  # afresh (the launcher would resume a cut-short run)
           t0 = time.time()
           launch(workdir, backend, mode, seed, args.steps, args.set)
-          print(f"{name}: {time.time() - t0:.0f} s")
+          print(f"{name}: {time.time() - t0:.0f} s", flush=True)
         runs[name] = dict(summarize(workdir), backend=backend, mode=mode, seed=seed)
-  print(f"\nreal async runs ({args.steps} updates of B=32 on-policy rollouts each; "
-        f"{platform.node()}, shared CPUs)")
-  print(f"{'run':>22} {'idle':>6} {'tok/gen s':>10} {'tok/wall s':>11} {'tok stale':>10} "
-        f"{'versions':>9} {'pass@1 0->end':>14} {'compute s':>10} {'wall s':>7}")
-  for name, r in runs.items():
-    print(f"{name:>22} {r['trainer_idle_fraction']:>6.3f} {r['tokens_per_generate_s']:>10.0f} "
-          f"{r['tokens_per_wall_s']:>11.0f} {r['token_staleness_mean']:>10.2f} "
-          f"{r['versions_per_rollout_mean']:>9.2f} {r['pass1_start']:>6.3f}->{r['pass1_end']:.3f} "
-          f"{r['compute_seconds']:>10.0f} {r['wall_s']:>7.0f}")
-  summary = {}
-  for backend in args.backends.split(","):
-    for mode in ("off", "continue"):
-      rs = [r for r in runs.values() if r["backend"] == backend and r["mode"] == mode]
-      summary[f"{backend}_{mode}"] = {k: float(np.mean([r[k] for r in rs])) for k in (
-          "trainer_idle_fraction", "tokens_per_generate_s", "tokens_per_wall_s",
-          "token_staleness_mean", "pass1_end", "compute_seconds", "wall_s")}
-  print("\nmeans over seeds:")
-  for k, v in summary.items():
-    print(f"  {k:>14}: " + ", ".join(f"{kk} {vv:.3f}" for kk, vv in v.items()))
-  return {"steps": args.steps, "seeds": args.seeds, "settings": args.set, "runs": runs,
-          "means": summary}
+  arms, paired = compare(runs, seeds)
+  print(f"\nreal async runs: {args.steps} updates of B=32 on-policy rollouts each, "
+        f"{platform.node()} ({os.cpu_count()} shared CPUs); idle and tok/* over the steady window "
+        f"(updates {_steady_from(args.steps)}-{args.steps}), idle all over the whole run; pass@1 "
+        f"held out after the last update (from {runs[next(iter(runs))]['pass1_start']:.3f})")
+  _table("per run:", [(n, [_value(r, where) for _, where, _, _ in COMPARED])
+                      for n, r in runs.items()])
+  _table(f"\nmeans over seeds ({', '.join(f'{b} {s}' for b, s in seeds.items())}):",
+         [(n, [a["mean"][k] for k, _, _, _ in COMPARED]) for n, a in arms.items()])
+  _table("\ncontinue - off, paired by seed:",
+         [(f"{b} seed{s}", [paired[b][k][str(s)] for k, _, _, _ in COMPARED])
+          for b in backends for s in seeds[b]])
+  print("\ncontinue - off: mean [95% t interval over seeds] (seeds below 0)")
+  for b in backends:
+    for key, _, header, fmt in COMPARED:
+      p = paired[b]["summary"][key]
+      lo, hi = p["ci95"]
+      ci = (f"[{fmt.format(lo)}, {fmt.format(hi)}]" if lo is not None else "[-]")
+      print(f"  {b:>5} {header:>10}: {fmt.format(p['mean']):>8} {ci:>20} "
+            f"({p['below_zero']} of {p['n']})")
+  if args.plot:
+    path = os.path.join(os.path.dirname(args.out) if args.out.endswith(".json") else args.out,
+                        "partial_rollouts.png")
+    plot_real(arms, path)
+    print("wrote", path)
+  return {"command": " ".join(["python", "bench/bench_partial.py"] + sys.argv[1:]),
+          "steps": args.steps, "seeds": seeds, "settings": args.set,
+          "steady_from_step": _steady_from(args.steps), "runs": runs, "arms": arms,
+          "paired_continue_minus_off": paired}
 
 
 def main():
@@ -314,10 +469,13 @@ def main():
   p.add_argument("--sim_steps", type=int, default=400)
   p.add_argument("--backends", default="jax,vllm")
   p.add_argument("--seeds", default="0,1")
+  p.add_argument("--backend_seeds", action="append", default=[],
+                 help="BACKEND=S,S: that backend's seeds instead of --seeds (repeatable)")
   p.add_argument("--steps", type=int, default=24)
   p.add_argument("--set", action="append", default=[], help="more --config.KEY=VALUE flags")
   p.add_argument("--workdir", default="/tmp/jaxreplay-bench-partial")
-  p.add_argument("--rerun", action="store_true")
+  p.add_argument("--rerun", action="store_true", help="rerun the runs whose metrics exist")
+  p.add_argument("--plot", action="store_true", help="--real: partial_rollouts.png beside the JSON")
   p.add_argument("--out", default=RESULTS)
   args = p.parse_args()
   path = args.out if args.out.endswith(".json") else os.path.join(args.out, "partial_rollouts.json")
