@@ -313,6 +313,9 @@ def base_config() -> ml_collections.ConfigDict:
                                    # sampler beside the train state) | auto (engines when
                                    # rollout.backend is vllm, else trainer); run_config.json records
                                    # the resolved value
+  c.eval.per_problem = True        # append each evaluation's per-problem correct counts (pass@1
+                                   # and pass@k samples; the prompts once) to
+                                   # WORKDIR/eval_problems.jsonl (format: run/eval_problems.py)
 
   c.checkpoint = ml_collections.ConfigDict()  # orbax checkpoints in WORKDIR/checkpoints (train
                                    # state, buffer, data cursor)

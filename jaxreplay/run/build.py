@@ -29,6 +29,7 @@ from jaxreplay.models import presets
 from jaxreplay.models import transformer
 from jaxreplay.models.config import ModelConfig
 from jaxreplay.learner import optim
+from jaxreplay.run import eval_problems as eval_problems_lib
 from jaxreplay.run import metrics_row
 from jaxreplay.run import regime
 from jaxreplay.data import batch_reuse
@@ -205,6 +206,7 @@ class TelemetryParts:
   metrics: metrics_row.RunMetrics
   writer: metrics_lib.MetricsWriter
   regime: Optional[Any] = None  # run.regime.RegimeDiagnostics
+  problems: Optional[eval_problems_lib.ProblemLog] = None  # eval.per_problem: eval_problems.jsonl
 
 
 @dataclasses.dataclass
@@ -351,6 +353,10 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
   stack.callback(writer.close)
   if not resumed_host:
     writer.truncate_after(-1)  # a fresh run in a used workdir starts a fresh log
+  problem_log = None
+  if c.eval.per_problem and c.eval.num_problems:
+    problem_log = eval_problems_lib.ProblemLog(workdir, resume_step=step if resumed_host else None,
+                                               enabled=jax.process_index() == 0)
   sim_state = schedules.SimState()
   mismatch = metrics_row.MismatchProbe(learner.logprob_fn, codec.pad_id, buckets, c.log.mismatch_every)
   # Multi-process async: process 0 owns the workers (and the buffer); the others only train.
@@ -376,7 +382,7 @@ def build(c, workdir: str, stack: contextlib.ExitStack) -> Parts:
       generation=GenerationParts(rollouts=rollouts, eval_sampler=eval_sampler, sim_state=sim_state,
                                  gen_seconds_per_rollout=gen_seconds_per_rollout),
       telemetry=TelemetryParts(
-          accountant=accountant, writer=writer, regime=regime_diagnostics,
+          accountant=accountant, writer=writer, regime=regime_diagnostics, problems=problem_log,
           metrics=metrics_row.RunMetrics.from_config(c, buf, accountant, task, intake, sim_state,
                                                      mismatch)),
       checkpointer=checkpointer, resumed_host=resumed_host)

@@ -97,6 +97,7 @@ def eval_table(rows: Sequence[dict]) -> list[str]:
 # Outputs a run leaves in its workdir, with what each is for; listed when present.
 OUTPUTS = (
     ("metrics.jsonl", "a JSON row per step (python -m jaxreplay.plot WORKDIR)"),
+    ("eval_problems.jsonl", "a JSON row per evaluation: each problem's correct samples"),
     ("hf", "the exported model (python -m jaxreplay.chat --model=WORKDIR/hf)"),
     ("hf_adapter", "the LoRA adapter, PEFT format (python -m jaxreplay.chat --model=BASE "
                    "--adapter=WORKDIR/hf_adapter)"),

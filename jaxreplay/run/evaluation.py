@@ -116,7 +116,8 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
              top_p: float = 1.0, seed: int = 0, batch_size: Optional[int] = None,
              success_threshold: float = 1.0, prefix: str = "eval/",
              generate_many: Optional[GenerateManyFn] = None,
-             episodes: Optional[multiturn.EpisodeRunner] = None) -> dict[str, float]:
+             episodes: Optional[multiturn.EpisodeRunner] = None,
+             per_problem: Optional[dict] = None) -> dict[str, float]:
   """Evaluates a policy on held-out `problems`.
 
   Args:
@@ -137,6 +138,11 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     episodes: a multi-turn task's runner: each request carries its `Episodes` (a fourth element,
       `base.generate_request`'s), its completions are trajectories scored by their environment,
       and the pass@1 trajectories' statistics are added under prefix + "env/" (`multiturn.means`).
+    per_problem: an optional output: filled with "pass1_correct" (int64 [P]: each problem's correct
+      low-temperature samples, of "n_pass1"), "passk_correct" (int64 [P]: its correct samples of
+      the "n_samples" at `temperature_passk`; only when n_samples > 0), "n_pass1", "n_samples" (ints).
+      The returned pass@1 is pass1_correct.sum() / (P n_pass1) and pass@k the mean over problems of
+      `pass_at_k_per_problem` of the passk_correct counts (`eval_problems.jsonl` records them).
 
   Returns {prefix + key: float}: "pass@1" (low temperature), "pass@{k}" for k > 1 and
   "pass@1_t{T}" for k = 1 (from the temperature-T samples), "entropy" (mean negative log-prob of
@@ -173,7 +179,10 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     raise ValueError("evaluate needs generate_fn or generate_many")
   groups1 = _collect(low_requests, outputs[:len(low_requests)])
   rewards1 = score_groups(groups1, problems, task, codec)
-  out = {"pass@1": float((rewards1 >= success_threshold).mean())}
+  correct1 = (rewards1 >= success_threshold).reshape(len(problems), n_pass1)
+  out = {"pass@1": float(correct1.mean())}
+  counts = {"n_pass1": int(n_pass1), "n_samples": int(n_samples),
+            "pass1_correct": correct1.sum(axis=1, dtype=np.int64)}
   if episodes is not None:
     out.update(multiturn.means(multiturn.episode_infos(groups1), prefix="env/"))
 
@@ -181,7 +190,9 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     groups = _collect(high_requests, outputs[len(low_requests):])
     rewards = score_groups(groups, problems, task, codec)
     logprobs = [c.logprobs for g in groups for c in g.completions]
-    for k, v in pass_at_k_array(rewards >= success_threshold, ks).items():
+    correct = (rewards >= success_threshold).reshape(len(problems), n_samples)
+    counts["passk_correct"] = correct.sum(axis=1, dtype=np.int64)
+    for k, v in pass_at_k_array(correct, ks).items():
       out[f"pass@{k}" if k > 1 else f"pass@1_t{temperature_passk:g}"] = v
     # the policy's tokens (a trajectory's observations carry log-prob 0 and are not counted)
     num_tokens = sum(c.policy_tokens for g in groups for c in g.completions)
@@ -194,4 +205,6 @@ def evaluate(generate_fn: Optional[GenerateFn], task, problems: Sequence, codec,
     out["num_samples"] = float(n_samples)
   out["num_problems"] = float(len(problems))
   out["seconds"] = time.perf_counter() - t0
+  if per_problem is not None:
+    per_problem.update(counts)
   return {prefix + k: v for k, v in out.items()}

@@ -8,6 +8,8 @@ with the current params; "engines", the rollout workers through the schedule (`r
 local worker, or the async pool's free runners between requests) at the current step's weights.
 Both count their generate calls (`calls`, the host state's "eval_calls"), from which the JAX
 samplers draw their eval noise, so a resumed simulated run evaluates as the uninterrupted one.
+With `eval.per_problem` each evaluation's per-problem counts go to the run's
+`eval_problems.ProblemLog` (`<workdir>/eval_problems.jsonl`, `parts.telemetry.problems`).
 """
 from __future__ import annotations
 
@@ -28,13 +30,15 @@ class Evaluator:
 
   Args:
     parts: the run's `build.Parts` (the task, codec and held-out problems; the eval sampler, None
-      when the engines evaluate; the metrics' compute axis).
+      when the engines evaluate; the metrics' compute axis; the per-problem log
+      `telemetry.problems`, None when eval.per_problem is off).
   """
 
   def __init__(self, parts):
     self.parts, self.config = parts, parts.config
     self.sampler = parts.generation.eval_sampler  # eval.backend="trainer"; None: the engines
     self.grid = eval_grid_lib.EvalGrid.from_config(parts.config.eval)
+    self.problem_log = parts.telemetry.problems  # eval_problems.ProblemLog, or None
     self.last: dict[str, float] = {}  # the newest evaluation's metrics
     self._engine_calls = 0  # generate calls of evaluations on the engines
 
@@ -86,12 +90,22 @@ class Evaluator:
     settings = dict(n_samples=n_samples, ks=tuple(c.eval.ks),
                     temperature_pass1=c.eval.temperature_pass1, n_pass1=4,
                     temperature_passk=c.eval.temperature_passk, max_tokens=c.rollout.max_tokens,
-                    top_p=c.eval.top_p, seed=c.seed + 7919, episodes=data.intake.episodes)
+                    top_p=c.eval.top_p, seed=c.seed + 7919, episodes=data.intake.episodes,
+                    per_problem={})
     if self.sampler is not None:  # eval.backend="trainer"
       self.sampler.load_weights(Weights(step, params=sharding.local_params(policy_params)))
       self.last = evaluation.evaluate(functools.partial(generate_request, self.sampler),
                                       data.task, problems, data.codec, **settings)
-      return self.last
+    else:
+      self.last = self._on_engines(problems, settings, eval_weights, run_jobs, job_parallelism)
+    if self.problem_log is not None:
+      self.problem_log.write(step, self.parts.telemetry.metrics.compute_seconds(),
+                             settings["per_problem"], [p.prompt for p in problems])
+    return self.last
+
+  def _on_engines(self, problems, settings, eval_weights, run_jobs, job_parallelism):
+    """`evaluation.evaluate` as jobs on the schedule's rollout workers (`evaluate`'s args)."""
+    data = self.parts.data
     weights = eval_weights()
     first_call = self._engine_calls
 
@@ -102,6 +116,5 @@ class Evaluator:
 
     parallel = max(int(job_parallelism), 1)
     batch_size = -(-len(problems) // parallel) if parallel > 1 else None
-    self.last = evaluation.evaluate(None, data.task, problems, data.codec, batch_size=batch_size,
-                                    generate_many=generate_many, **settings)
-    return self.last
+    return evaluation.evaluate(None, data.task, problems, data.codec, batch_size=batch_size,
+                               generate_many=generate_many, **settings)

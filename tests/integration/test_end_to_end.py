@@ -13,6 +13,8 @@ import time
 import numpy as np
 import pytest
 
+from jaxreplay.run import eval_problems
+from jaxreplay.run.evaluation import pass_at_k_per_problem
 from tests.helpers import tolerances
 from tests.helpers.deps import require
 from tests.helpers.tiny_runs import ENV, REPO, comparable, launch_cmd, read_rows, run_launch
@@ -34,6 +36,23 @@ def check_common(rows, total=6):
   assert all(b >= a for a, b in zip(compute, compute[1:])) and compute[-1] > 0
 
 
+def check_problem_rows(workdir, rows, same_compute=True):
+  """eval_problems.jsonl: one row per evaluation of the metrics rows (none twice), whose per-problem
+  counts give back the row's eval/pass@1 and eval/pass@k (and, on a virtual clock, its compute)."""
+  problem_rows = eval_problems.read_rows(workdir)
+  evaluated = [r for r in rows if "eval/pass@1" in r]
+  assert [p["step"] for p in problem_rows] == [r["step"] for r in evaluated]
+  assert len(eval_problems.problem_prompts(problem_rows)) == 16  # SHORT: 16 held-out problems
+  assert "problems" in problem_rows[0] and all("problems" not in p for p in problem_rows[1:])
+  for p, r in zip(problem_rows, evaluated):
+    assert p["compute_seconds"] == pytest.approx(r["compute_seconds"]) or not same_compute
+    assert np.mean(p["pass1_correct"]) / p["n_pass1"] == pytest.approx(r["eval/pass@1"])
+    matrix = eval_problems.correct_matrix(p["passk_correct"], p["n_samples"])
+    for k in (2, 4):
+      assert pass_at_k_per_problem(matrix, k).mean() == pytest.approx(r[f"eval/pass@{k}"])
+  return problem_rows
+
+
 def test_simulated_jax_replays_and_is_deterministic(tmp_path, tiny_reference_run):
   a, b = tiny_reference_run, str(tmp_path / "b")
   run_launch(b, "--config.export_hf_every=4", "--config.checkpoint.every=0")  # hf/ at 4 and 6
@@ -48,6 +67,11 @@ def test_simulated_jax_replays_and_is_deterministic(tmp_path, tiny_reference_run
   assert all(r.get("nonfinite_skipped", 0.0) == 0.0 for r in rows_a)
   # Same seed, same results, bit for bit (timings aside).
   assert [comparable(r) for r in rows_a] == [comparable(r) for r in rows_b]
+  problems_a = check_problem_rows(a, rows_a)
+  assert [p["step"] for p in problems_a] == [0, 3, 6]
+  assert ([{k: v for k, v in p.items() if k != "compute_seconds"} for p in problems_a] ==
+          [{k: v for k, v in p.items() if k != "compute_seconds"}
+           for p in check_problem_rows(b, rows_b)])
   # The HF export loads in transformers and gives our logits.
   transformers = require("transformers")
   torch = require("torch")
@@ -85,6 +109,9 @@ def test_async_jax_staleness_and_kill_resume(tmp_path):
   assert "resumed at step" in out.stderr
   rows = read_rows(workdir)
   check_common(rows, total=8)
+  # the evaluations after the resumed checkpoint are not listed twice (async: measured compute
+  # moves on between the evaluation and the row)
+  check_problem_rows(workdir, rows, same_compute=False)
   # Real worker threads sample while the trainer steps: batches hold older policy versions. (Here the
   # in-process JAX workers outpace the trainer, so R > B and the replay ratio is not asserted.)
   assert max(r.get("buffer/staleness_mean", 0) for r in rows) > 0

@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxreplay.run import evaluation
+from jaxreplay.run import eval_problems, evaluation
 from jaxreplay.rollout.base import Completion, Group
 from jaxreplay.tasks import arithmetic, tokenizer as tok_lib
 
@@ -86,8 +86,18 @@ def test_evaluate_with_fake_sampler():
   problems = task.eval_set(27)
   sampler = FakeSampler(codec, problems)
   ks = (1, 2, 4, 8)
+  per_problem = {}
   out = evaluation.evaluate(sampler, task, problems, codec, n_samples=8, ks=ks, max_tokens=12,
-                            batch_size=10, seed=5)
+                            batch_size=10, seed=5, per_problem=per_problem)
+  # the per-problem counts: the scripted ones, and they aggregate to the returned metrics
+  assert per_problem["n_pass1"] == 1 and per_problem["n_samples"] == 8
+  np.testing.assert_array_equal(per_problem["pass1_correct"], [i % 2 == 0 for i in range(27)])
+  np.testing.assert_array_equal(per_problem["passk_correct"], [min(i % 9, 8) for i in range(27)])
+  assert out["eval/pass@1"] == per_problem["pass1_correct"].mean()
+  matrix = eval_problems.correct_matrix(per_problem["passk_correct"], 8)
+  for k in ks:
+    key = f"eval/pass@{k}" if k > 1 else "eval/pass@1_t1"
+    assert out[key] == evaluation.pass_at_k_per_problem(matrix, k).mean(), key
   assert out["eval/pass@1"] == pytest.approx(np.mean([i % 2 == 0 for i in range(27)]))
   for k in ks:
     key = f"eval/pass@{k}" if k > 1 else "eval/pass@1_t1"
@@ -116,7 +126,10 @@ def test_evaluate_pass1_only_and_errors():
   codec = tok_lib.TextCodec(tok_lib.build_char_tokenizer(task.charset))
   problems = task.eval_set(4)
   sampler = FakeSampler(codec, problems)
-  out = evaluation.evaluate(sampler, task, problems, codec, n_samples=0, n_pass1=3)
+  per_problem = {}
+  out = evaluation.evaluate(sampler, task, problems, codec, n_samples=0, n_pass1=3,
+                            per_problem=per_problem)
+  assert per_problem["pass1_correct"].tolist() == [3, 0, 3, 0] and "passk_correct" not in per_problem
   assert set(out) == {"eval/pass@1", "eval/num_problems", "eval/seconds"}
   assert out["eval/pass@1"] == pytest.approx(0.5)
   assert sampler.calls[0][1] == 3

@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 
 from jaxreplay.rollout.base import Completion, Group, Weights
+from jaxreplay.run import eval_problems
 from jaxreplay.run import hooks as hooks_lib
 from jaxreplay.run.evaluator import Evaluator
 from jaxreplay.tasks import arithmetic, tokenizer as tok_lib
@@ -39,7 +40,7 @@ class Worker:
     return groups
 
 
-def make_parts(sampler, problems, task, codec, compute=0.0, **eval_overrides):
+def make_parts(sampler, problems, task, codec, compute=0.0, problem_log=None, **eval_overrides):
   c = ml_collections.ConfigDict({
       "seed": 0,
       "eval": {"n_samples": 4, "ks": (1, 2, 4), "temperature_pass1": 0.0,
@@ -51,7 +52,7 @@ def make_parts(sampler, problems, task, codec, compute=0.0, **eval_overrides):
       config=c, data=types.SimpleNamespace(task=task, codec=codec, eval_problems=problems,
                                            intake=types.SimpleNamespace(episodes=None)),
       generation=types.SimpleNamespace(eval_sampler=sampler),
-      telemetry=types.SimpleNamespace(metrics=types.SimpleNamespace(
+      telemetry=types.SimpleNamespace(problems=problem_log, metrics=types.SimpleNamespace(
           compute_seconds=lambda: compute)))
 
 
@@ -101,3 +102,25 @@ def test_the_hook_rule_and_pass1_only_points():
   assert evaluator.due(hooks_lib.StepInfo(5, finished=True)) and evaluator.passk_due
   out = evaluator.evaluate(5, {}, lambda: None, None, 1)
   assert out["eval/num_problems"] == 6 and "eval/pass@4" in out
+
+
+def test_each_evaluation_appends_its_per_problem_counts(tmp_path):
+  task, codec, problems = setup()
+  log = eval_problems.ProblemLog(str(tmp_path))
+  evaluator = Evaluator(make_parts(Worker(codec, problems, counting=True), problems, task, codec,
+                                   compute=15.0, problem_log=log, compute_grid=(10.0, 20.0),
+                                   passk_grid=(20.0,), every=0, pass1_problems=2))
+  assert evaluator.start() and not evaluator.passk_due  # 0.0 is a pass@1-only point: 2 problems
+  evaluator.evaluate(0, {}, lambda: None, None, 1)
+  evaluator.due(hooks_lib.StepInfo(5, finished=True))  # the last evaluation draws pass@k
+  out = evaluator.evaluate(5, {}, lambda: None, None, 1)
+  rows = eval_problems.read_rows(str(tmp_path))
+  assert [(r["step"], r["compute_seconds"], r["n_pass1"], r["n_samples"]) for r in rows] == [
+      (0, 15.0, 4, 0), (5, 15.0, 4, 4)]
+  # the worker answers problem i right iff i is even, at every temperature
+  assert rows[0]["pass1_correct"] == [4, 0] and "passk_correct" not in rows[0]
+  assert rows[1]["pass1_correct"] == [4, 0, 4, 0, 4, 0] == [4 * (i % 2 == 0) for i in range(6)]
+  assert rows[1]["passk_correct"] == [4, 0, 4, 0, 4, 0]
+  assert rows[0]["problems"] == [p.prompt for p in problems[:2]]
+  assert rows[1]["problems"] == [p.prompt for p in problems]
+  assert out["eval/pass@1"] == np.mean(rows[1]["pass1_correct"]) / 4
