@@ -36,6 +36,8 @@ def test_noise_scale_is_a_bias_corrected_ratio_of_moving_averages():
   neg = regime.NoiseScale()
   neg.update(-1.0, 3.0)
   assert np.isnan(neg.value)  # no signal measured yet: undefined, never negative
+  before = ns.value
+  assert ns.update(float("nan"), 1.0) == before and ns.count == 2  # left out, nothing poisoned
   with pytest.raises(ValueError, match="decay"):
     regime.NoiseScale(decay=1.0)
 
