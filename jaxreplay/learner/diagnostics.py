@@ -17,23 +17,28 @@ or a (row, segment) pair of a packed batch; rollouts without valid tokens count 
                   has rows without valid tokens: |G|^2 and tr(Sigma) scale by its square, B_simple
                   does not)
   token_mean      g_i = sum_s n_s y_s / sum_s n_s, y_s = grad(L_s / n_s): a token-weighted mean
-The model: given the batch's composition (which rollouts, how long, how packed), the y_s are
-independent draws with mean G and covariance Sigma. A weighted mean sum_s v_s y_s / sum_s v_s is
-then unbiased with covariance Sigma / b, b = (sum v_s)^2 / sum v_s^2 its effective rollouts (Kish):
-the rollout count b_i for sequence_mean and constant, (sum n_s)^2 / sum n_s^2 <= b_i for
-token_mean (= b_i when the lengths are equal). So, for micro-batches of unequal sizes b_i (packed
-rows hold different numbers of rollouts) and the whole batch's B:
+The noise model, per aggregation: token_mean, each valid token's loss gradient an independent
+draw with mean G_tok and covariance Sigma_tok (the score functions of sampled tokens are martingale
+differences: a rollout's summed-gradient noise grows with its length), so Cov(g_i) = Sigma_tok / N_i,
+N_i the micro-batch's valid tokens; sequence_mean and constant, the y_s independent draws with mean
+G and covariance Sigma. Both read: g_i is an unbiased estimate of G with covariance Sigma / b_i,
+  b_i = w_i B    (B: the batch's rollouts with valid tokens; w_i = N_i / N for token_mean, the
+                  micro-batch's rollouts over B for sequence_mean and constant)
+micro-batch i's effective rollouts, its share of the batch gradient times B; for token_mean its
+tokens in units of the batch's mean rollout length N / B, and Sigma = Sigma_tok / (N / B) the
+covariance of one mean-length rollout's gradient. So, for micro-batches of unequal sizes (packed
+rows hold different numbers of rollouts; rollouts differ in length):
   E |g_i|^2 = |G|^2 + tr(Sigma) / b_i          E |g|^2 = |G|^2 + tr(Sigma) / B
-  grad_sq_small = mean_i |g_i|^2, micro_rollouts = 1 / mean_i (1 / b_i) (the harmonic mean, the b
-  that makes E grad_sq_small = |G|^2 + tr(Sigma) / b), grad_sq_big = |g|^2, batch_rollouts = B;
+  grad_sq_small = mean_i |g_i|^2, micro_rollouts = b = 1 / mean_i (1 / b_i) (the harmonic mean,
+  the b with E grad_sq_small = |G|^2 + tr(Sigma) / b; B / k when all are equal),
+  grad_sq_big = |g|^2, batch_rollouts = B;
   |G|^2     ~ (B grad_sq_big - b grad_sq_small) / (B - b)            (unbiased)
   tr(Sigma) ~ (grad_sq_small - grad_sq_big) / (1/b - 1/B)           (unbiased)
-  B_simple  = tr(Sigma) / |G|^2: the batch size (in effective rollouts) at which the gradient noise
+  B_simple  = tr(Sigma) / |G|^2: the batch size (in rollouts; token_mean's of mean length) at which the gradient noise
               equals the signal. B << B_simple: updates are noise-dominated (sample-limited);
               B >~ B_simple: more updates per sample help (update-limited), where replay can pay.
-The means over i leave out micro-batches without valid tokens. The model's assumption that matters:
-a rollout's gradient does not depend on which micro-batch holds it (packing groups rollouts by
-length; token_mean's weights are conditioned on the lengths, not averaged over them).
+The means over i leave out micro-batches without valid tokens. Assumed throughout: a rollout's
+gradient does not depend on which micro-batch holds it (packing groups rollouts by length).
 The ratio of two noisy estimates is smoothed on the host (`run.regime.NoiseScale`: a ratio of
 exponential moving averages, as the paper recommends).
 
@@ -80,8 +85,8 @@ def noise_estimates(grad_sq_small, grad_sq_big, b_small, b_big) -> tuple[Any, An
   App. A, eqs. A.2-A.3; the module docstring): both unbiased. Floats or arrays alike (broadcast).
 
   grad_sq_small: mean over the micro-batches of |g_i|^2; b_small: the harmonic mean of their
-  (effective) rollouts, 1 / mean_i (1 / b_i) (b_i itself when all are equal); grad_sq_big: |g|^2 of
-  the whole batch of b_big (effective) rollouts. Gradient norms^2 in the loss's units squared,
+  effective rollouts b_i, 1 / mean_i (1 / b_i) (b_i itself when all are equal); grad_sq_big: |g|^2
+  of the whole batch of b_big rollouts. Gradient norms^2 in the loss's units squared,
   sizes in rollouts; returns |G|^2 (loss units^2) and tr(Sigma) (loss units^2 x rollouts).
   """
   g2 = (b_big * grad_sq_big - b_small * grad_sq_small) / (b_big - b_small)
@@ -96,20 +101,9 @@ def _global_sq(tree: Any) -> jax.Array:
 def _micro_weight(aggregation: str, tok, rows, n_tok, n_rows):
   """Micro-batch i's weight w_i in g = sum_i w_i g_i (its own loss's gradient g_i, the module
   docstring): its share of the batch's valid tokens (token_mean) or of its rollouts (sequence_mean;
-  constant, whose g_i divides by its own rollouts * T)."""
+  constant, whose g_i divides by its own rollouts * T). w_i * B are its effective rollouts."""
   share = tok / jnp.maximum(n_tok, 1.0) if aggregation == "token_mean" else rows
   return share if aggregation == "token_mean" else share / jnp.maximum(n_rows, 1.0)
-
-
-def effective_rollouts(aggregation: str, mask, segment_ids=None) -> jax.Array:
-  """(sum_s v_s)^2 / sum_s v_s^2 over a batch's rollouts s with valid tokens (rows, or (row,
-  segment) pairs with segment_ids [B, T]), v_s their weight in its loss: their valid tokens
-  (token_mean) or 1 (sequence_mean, constant: the rollout count). mask: [B, T]; float32 scalar,
-  0 without valid tokens."""
-  n = losses.sequence_sums((mask > 0).astype(jnp.float32), segment_ids)  # [B, 1] or [B, T + 1]
-  v = n if aggregation == "token_mean" else (n > 0).astype(jnp.float32)
-  s1, s2 = jnp.sum(v), jnp.sum(jnp.square(v))
-  return jnp.square(s1) / jnp.maximum(s2, 1.0)
 
 
 def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_low: float = 0.2,
@@ -195,8 +189,7 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
                                                                  base)
       w = _micro_weight(loss_fn.aggregation, tok, rows, n_tok, n_rows)
       grad_sum = jax.tree.map(lambda a, x: a + w * x.astype(jnp.float32), grad_sum, g)
-      b_i = effective_rollouts(loss_fn.aggregation, mb.completion_mask, segments(mb))
-      return grad_sum, (lp, _global_sq(g), b_i)
+      return grad_sum, (lp, _global_sq(g), w * n_rows)
 
     grad_sum, (lp_k, sq_k, b_k) = jax.lax.scan(body, zeros, mbs)
     lp = lp_k.swapaxes(0, 1).reshape((b,) + lp_k.shape[2:])  # rows back in batch order
@@ -208,8 +201,7 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
     out = {"grad_sq_small": jnp.sum(jnp.where(used, sq_k, 0.0)) / n_used,
            "grad_sq_big": _global_sq(grad_sum),
            "micro_rollouts": jnp.where(inv_b > 0, 1.0 / jnp.where(inv_b > 0, inv_b, 1.0), 0.0),
-           "batch_rollouts": effective_rollouts(loss_fn.aggregation, batch.completion_mask,
-                                                segments(batch)),
+           "batch_rollouts": n_rows,
            **stats}
     return {key: jnp.asarray(v, jnp.float32) for key, v in out.items()}
 

@@ -5,15 +5,14 @@ the batch it will use (`learner.diagnostics`: one extra forward + backward, no u
 it on a fixed probe (a forward pass over its rollouts before and after the update), and returns
 metrics-row keys:
 
-  diag/noise_scale           B_simple = tr(Sigma) / |G|^2 in (effective) rollouts, a ratio of
-                             exponential moving averages of the two unbiased estimates (McCandlish
-                             et al. 2018; micro-batches of unequal sizes, packed or token-weighted:
-                             `learner.diagnostics`); NaN until the smoothed |G|^2 is positive
+  diag/noise_scale           B_simple = tr(Sigma) / |G|^2 in rollouts, a ratio of exponential moving
+                             averages of the two unbiased estimates (McCandlish et al. 2018; for
+                             micro-batches of unequal sizes, as packed rows are, and token_mean's
+                             per-token noise: `learner.diagnostics`); NaN until the smoothed |G|^2
+                             is positive
   diag/noise_scale_raw       the same from this step's estimates alone (noisy, may be negative)
-  diag/batch_over_noise_scale  B / diag/noise_scale, B the batch's effective rollouts (its rollout
-                             count; under token_mean (sum n)^2 / sum n^2 of their token counts n):
-                             << 1 sample-limited (fresh rollouts buy the progress; replay cannot
-                             pay), >~ 1 update-limited (replay can pay)
+  diag/batch_over_noise_scale  B / diag/noise_scale: << 1 sample-limited (fresh rollouts buy the
+                             progress; replay cannot pay), >~ 1 update-limited (replay can pay)
   diag/grad_sq, diag/grad_var_trace   this step's |G|^2 and tr(Sigma) estimates
   diag/update_kl             KL(pi_t || pi_t+1) over the vocabulary, mean over the probe's completion
                              tokens: how far one update moved the policy

@@ -18,45 +18,43 @@ from tests.helpers.train_batches import CFG, B, T, one_device_setup
 
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
 def test_noise_estimates_are_unbiased_for_unequal_micro_batches(aggregation):
-  """Per-rollout gradients y_s = G + noise of covariance diag(s^2), micro-batches of 1, 2 and 5
-  rollouts (a packed batch's rows), weighted as the aggregation weighs rollouts (token_mean: by
-  their token counts): the estimates equal a float64 solve of the two moment equations and average
-  to |G|^2 and tr(Sigma) over many batches; the equal-size formula (b = B / k) does not."""
+  """Micro-batches of 1, 2 and 5 rollouts (a packed batch's rows) of unequal lengths n_s, under
+  each aggregation's noise model (sequence_mean: each rollout's mean gradient G + noise of
+  covariance diag(s^2); token_mean: each token's, the batch gradient their mean over all tokens):
+  the estimates from the micro-batches' effective rollouts b_i = w_i B equal a float64 solve of the
+  two moment equations and average to |G|^2 and tr(Sigma) over many batches, Sigma one mean-length
+  rollout's covariance; the equal-size formula (b = B / k) does not."""
   rng = np.random.default_rng(0)
   dim, trials, sizes = 5, 20000, [1, 2, 5]
   big = sum(sizes)
-  lengths = rng.integers(2, 30, big)
-  v = lengths.astype(np.float64) if aggregation == "token_mean" else np.ones(big)
+  n = np.array([3.0, 30, 30, 5, 5, 5, 5, 5])  # each rollout's tokens: shares unlike the counts'
   g_true = rng.normal(size=dim)
   scales = rng.uniform(0.5, 2.0, size=dim)
-  y = g_true + rng.normal(size=(trials, big, dim)) * scales
+  noise = rng.normal(size=(trials, big, dim)) * scales
+  if aggregation == "token_mean":  # a rollout's summed gradient over n_s independent tokens
+    summed, v = n[:, None] * g_true + np.sqrt(n)[:, None] * noise, n
+    trace_true = np.sum(scales ** 2) / n.mean()  # per token / mean tokens per rollout
+  else:  # the rollout's own mean gradient, equally weighted
+    summed, v = g_true + noise, np.ones(big)
+    trace_true = np.sum(scales ** 2)
   groups = np.split(np.arange(big), np.cumsum(sizes)[:-1])
-  mean_of = lambda idx: np.einsum("s,tsd->td", v[idx], y[:, idx]) / v[idx].sum()
+  mean_of = lambda idx: summed[:, idx].sum(axis=1) / v[idx].sum()
   sq_small = np.mean([np.sum(mean_of(g) ** 2, axis=-1) for g in groups], axis=0)
   sq_big = np.sum(mean_of(np.arange(big)) ** 2, axis=-1)
-  kish = lambda w: w.sum() ** 2 / np.sum(w ** 2)
-  b_i, b_big = np.array([kish(v[g]) for g in groups]), kish(v)
+  b_i = np.array([v[g].sum() / v.sum() * big for g in groups])  # w_i B
   # E mean_i |g_i|^2 = |G|^2 + tr / b_i averaged over i; E |g|^2 = |G|^2 + tr / B
-  moments = np.array([[1.0, np.mean(1.0 / b_i)], [1.0, 1.0 / b_big]])
+  moments = np.array([[1.0, np.mean(1.0 / b_i)], [1.0, 1.0 / big]])
   want = np.linalg.solve(moments, np.stack([sq_small, sq_big]))
-  g2, trace = diagnostics.noise_estimates(sq_small, sq_big, 1.0 / np.mean(1.0 / b_i), b_big)
+  g2, trace = diagnostics.noise_estimates(sq_small, sq_big, 1.0 / np.mean(1.0 / b_i), big)
   np.testing.assert_allclose(g2, want[0], rtol=1e-9, atol=1e-9)
   np.testing.assert_allclose(trace, want[1], rtol=1e-9, atol=1e-9)
   se_g2, se_tr = g2.std() / np.sqrt(trials), trace.std() / np.sqrt(trials)
   assert abs(g2.mean() - np.sum(g_true ** 2)) < 4 * se_g2
-  assert abs(trace.mean() - np.sum(scales ** 2)) < 4 * se_tr
+  assert abs(trace.mean() - trace_true) < 4 * se_tr
   old_g2, old_tr = diagnostics.noise_estimates(sq_small, sq_big, big / len(sizes), big)
   misses = (abs(old_g2.mean() - np.sum(g_true ** 2)) / (old_g2.std() / np.sqrt(trials)),
-            abs(old_tr.mean() - np.sum(scales ** 2)) / (old_tr.std() / np.sqrt(trials)))
-  assert max(misses) > 10  # standard errors
-  # The device side's effective rollouts of such micro-batches (rows of these lengths, packed too).
-  for g, want_b in zip(groups, b_i):
-    mask = (np.arange(32)[None, :] < lengths[g][:, None]).astype(np.float32)
-    got = diagnostics.effective_rollouts(aggregation, mask)
-    np.testing.assert_allclose(got, want_b, rtol=1e-6)
-    packed = np.concatenate([np.full(n, j + 1) for j, n in enumerate(lengths[g])])[None]
-    got = diagnostics.effective_rollouts(aggregation, np.ones_like(packed, np.float32), packed)
-    np.testing.assert_allclose(got, want_b, rtol=1e-6)
+            abs(old_tr.mean() - trace_true) / (old_tr.std() / np.sqrt(trials)))
+  assert min(misses) > 10, misses  # standard errors
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +88,13 @@ def test_gradient_norms_equal_direct_gradients(setup, aggregation):
     n = lengths[i::k][lengths[i::k] > 0]
     norm = float(len(n) * T) if aggregation == "constant" else None
     smalls.append(sq(jax.grad(loss_of)(params, mb, norm)))
-    sizes.append(n.sum() ** 2 / np.sum(n ** 2) if aggregation == "token_mean" else len(n))
+    sizes.append(n.sum() / lengths.sum() * rows if aggregation == "token_mean" else len(n))
   assert len(set(sizes)) == k  # the micro-batches' sizes differ (4 and 3 rows with tokens)
   want_big, want_small = sq(g_big), float(np.mean(smalls))
   n = T * CFG.vocab_size  # each element sums over tokens and logits
   np.testing.assert_allclose(got["grad_sq_big"], want_big, **tolerances.close(np.float32, n))
   np.testing.assert_allclose(got["grad_sq_small"], want_small, **tolerances.close(np.float32, n))
-  valid = lengths[lengths > 0]
-  want_rollouts = valid.sum() ** 2 / np.sum(valid ** 2) if aggregation == "token_mean" else rows
-  np.testing.assert_allclose(got["batch_rollouts"], want_rollouts, rtol=1e-6)
+  assert got["batch_rollouts"] == rows
   np.testing.assert_allclose(got["micro_rollouts"], 1.0 / np.mean(1.0 / np.array(sizes)),
                              rtol=1e-6)
 
@@ -153,12 +149,11 @@ def test_packed_micro_batches_against_per_rollout_gradients(setup, aggregation):
        "constant": grads / t}[aggregation]
   v = lengths if aggregation == "token_mean" else np.ones(8)
   mean_of = lambda idx: v[idx] @ y[idx] / v[idx].sum()
-  kish = lambda w: w.sum() ** 2 / np.sum(w ** 2)
   micro = [sum((held[row] for row in range(i, rows, k)), []) for i in range(k)]
   want = {"grad_sq_small": np.mean([np.sum(mean_of(m) ** 2) for m in micro]),
           "grad_sq_big": np.sum(mean_of(np.arange(8)) ** 2),
-          "micro_rollouts": 1.0 / np.mean([1.0 / kish(v[m]) for m in micro]),
-          "batch_rollouts": kish(v)}
+          "micro_rollouts": 1.0 / np.mean([v.sum() / (8 * v[m].sum()) for m in micro]),
+          "batch_rollouts": 8.0}
   n = t * CFG.vocab_size
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, err_msg=key, **tolerances.close(
