@@ -102,8 +102,9 @@ def _micro_weight(aggregation: str, tok, rows, n_tok, n_rows):
   """Micro-batch i's weight w_i in g = sum_i w_i g_i (its own loss's gradient g_i, the module
   docstring): its share of the batch's valid tokens (token_mean) or of its rollouts (sequence_mean;
   constant, whose g_i divides by its own rollouts * T). w_i * B are its effective rollouts."""
-  share = tok / jnp.maximum(n_tok, 1.0) if aggregation == "token_mean" else rows
-  return share if aggregation == "token_mean" else share / jnp.maximum(n_rows, 1.0)
+  if aggregation == "token_mean":
+    return tok / jnp.maximum(n_tok, 1.0)
+  return rows / jnp.maximum(n_rows, 1.0)
 
 
 def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_low: float = 0.2,
@@ -164,8 +165,6 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
     loss, _ = lfn(lp, mb, ref_lp) if ref_params is not None else lfn(lp, mb)
     return loss, lp
 
-  segments = lambda mb: mb.segment_ids if mb.packed else None
-
   def fn(params, ref_params, batch: Batch, base=None):
     if lora is not None and needs_ref:  # the initial policy is the base itself
       ref_params = base
@@ -194,7 +193,7 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
     grad_sum, (lp_k, sq_k, b_k) = jax.lax.scan(body, zeros, mbs)
     lp = lp_k.swapaxes(0, 1).reshape((b,) + lp_k.shape[2:])  # rows back in batch order
     stats = off_policy_stats(lp, batch.behaviour_logprobs, batch.completion_mask,
-                             segments(batch), eps_low, eps_high)
+                             batch.segment_ids if batch.packed else None, eps_low, eps_high)
     used = b_k > 0  # micro-batches with valid tokens
     n_used = jnp.maximum(jnp.sum(used.astype(jnp.float32)), 1.0)
     inv_b = jnp.sum(jnp.where(used, 1.0 / jnp.where(used, b_k, 1.0), 0.0)) / n_used
