@@ -5,17 +5,40 @@ donated, nothing written back: it measures, at the current params and on the bat
 will use,
 
 Gradient noise (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", arXiv
-1812.06162, App. A). The B rollouts are split into k micro-batches of B/k rows (rows i, i + k, ...,
-as the train step splits them); g_i is the gradient of micro-batch i's own loss (an estimate of the
-true gradient G from B/k rollouts) and g = sum_i w_i g_i the whole batch's (w_i: the train step's
-micro-batch weights). With b = B/k and B:
-  grad_sq_small = mean_i |g_i|^2      E = |G|^2 + tr(Sigma) / b
-  grad_sq_big   = |g|^2               E = |G|^2 + tr(Sigma) / B
+1812.06162, App. A). The batch's rows are split into k micro-batches (rows i, i + k, ..., as the
+train step splits them); g_i is the gradient of micro-batch i's own loss and g = sum_i w_i g_i the
+whole batch's, the train step's gradient (w_i: its micro-batch weights, `_micro_weight`). What each
+is, per aggregation (L_s: rollout s's summed token loss, n_s its valid tokens; a rollout is a row,
+or a (row, segment) pair of a packed batch; rollouts without valid tokens count for nothing):
+  sequence_mean   g_i = mean over its b_i rollouts of y_s = grad(L_s / n_s)
+  constant        g_i = mean over its b_i rollouts of y_s = grad(L_s / T) (the micro-batch divides
+                  by b_i * T; g by the batch's B * T, rollouts with valid tokens; the train step
+                  divides by rows * T unpacked, the same up to a constant factor when the batch
+                  has rows without valid tokens: |G|^2 and tr(Sigma) scale by its square, B_simple
+                  does not)
+  token_mean      g_i = sum_s n_s y_s / sum_s n_s, y_s = grad(L_s / n_s): a token-weighted mean
+The noise model, per aggregation: token_mean, each valid token's loss gradient an independent
+draw with mean G_tok and covariance Sigma_tok (the score functions of sampled tokens are martingale
+differences: a rollout's summed-gradient noise grows with its length), so Cov(g_i) = Sigma_tok / N_i,
+N_i the micro-batch's valid tokens; sequence_mean and constant, the y_s independent draws with mean
+G and covariance Sigma. Both read: g_i is an unbiased estimate of G with covariance Sigma / b_i,
+  b_i = w_i B    (B: the batch's rollouts with valid tokens; w_i = N_i / N for token_mean, the
+                  micro-batch's rollouts over B for sequence_mean and constant)
+micro-batch i's effective rollouts, its share of the batch gradient times B; for token_mean its
+tokens in units of the batch's mean rollout length N / B, and Sigma = Sigma_tok / (N / B) the
+covariance of one mean-length rollout's gradient. So, for micro-batches of unequal sizes (packed
+rows hold different numbers of rollouts; rollouts differ in length):
+  E |g_i|^2 = |G|^2 + tr(Sigma) / b_i          E |g|^2 = |G|^2 + tr(Sigma) / B
+  grad_sq_small = mean_i |g_i|^2, micro_rollouts = b = 1 / mean_i (1 / b_i) (the harmonic mean,
+  the b with E grad_sq_small = |G|^2 + tr(Sigma) / b; B / k when all are equal),
+  grad_sq_big = |g|^2, batch_rollouts = B;
   |G|^2     ~ (B grad_sq_big - b grad_sq_small) / (B - b)            (unbiased)
   tr(Sigma) ~ (grad_sq_small - grad_sq_big) / (1/b - 1/B)           (unbiased)
-  B_simple  = tr(Sigma) / |G|^2: the batch size (in rollouts) at which the gradient noise equals
-              the signal. B << B_simple: updates are noise-dominated (sample-limited); B >~ B_simple:
-              more updates per sample help (update-limited), the regime where replay can pay.
+  B_simple  = tr(Sigma) / |G|^2: the batch size (in rollouts; token_mean's of mean length) at which the gradient noise
+              equals the signal. B << B_simple: updates are noise-dominated (sample-limited);
+              B >~ B_simple: more updates per sample help (update-limited), where replay can pay.
+The means over i leave out micro-batches without valid tokens. Assumed throughout: a rollout's
+gradient does not depend on which micro-batch holds it (packing groups rollouts by length).
 The ratio of two noisy estimates is smoothed on the host (`run.regime.NoiseScale`: a ratio of
 exponential moving averages, as the paper recommends).
 
@@ -59,7 +82,13 @@ DIAGNOSTIC_KEYS = ("grad_sq_small", "grad_sq_big", "micro_rollouts", "batch_roll
 
 def noise_estimates(grad_sq_small, grad_sq_big, b_small, b_big) -> tuple[Any, Any]:
   """(|G|^2, tr(Sigma)) from the squared gradient norms at two batch sizes (McCandlish et al. 2018,
-  App. A, eqs. A.2-A.3): both unbiased; works on floats and arrays alike."""
+  App. A, eqs. A.2-A.3; the module docstring): both unbiased. Floats or arrays alike (broadcast).
+
+  grad_sq_small: mean over the micro-batches of |g_i|^2; b_small: the harmonic mean of their
+  effective rollouts b_i, 1 / mean_i (1 / b_i) (b_i itself when all are equal); grad_sq_big: |g|^2
+  of the whole batch of b_big rollouts. Gradient norms^2 in the loss's units squared,
+  sizes in rollouts; returns |G|^2 (loss units^2) and tr(Sigma) (loss units^2 x rollouts).
+  """
   g2 = (b_big * grad_sq_big - b_small * grad_sq_small) / (b_big - b_small)
   trace = (grad_sq_small - grad_sq_big) / (1.0 / b_small - 1.0 / b_big)
   return g2, trace
@@ -70,12 +99,12 @@ def _global_sq(tree: Any) -> jax.Array:
 
 
 def _micro_weight(aggregation: str, tok, rows, n_tok, n_rows):
-  """The train step's micro-batch weight (its share of the whole batch's loss)."""
+  """Micro-batch i's weight w_i in g = sum_i w_i g_i (its own loss's gradient g_i, the module
+  docstring): its share of the batch's valid tokens (token_mean) or of its rollouts (sequence_mean;
+  constant, whose g_i divides by its own rollouts * T). w_i * B are its effective rollouts."""
   if aggregation == "token_mean":
     return tok / jnp.maximum(n_tok, 1.0)
-  if aggregation == "sequence_mean":
-    return rows / jnp.maximum(n_rows, 1.0)
-  return jnp.asarray(1.0, jnp.float32)  # "constant": each micro-batch divides by the batch's
+  return rows / jnp.maximum(n_rows, 1.0)
 
 
 def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_low: float = 0.2,
@@ -150,28 +179,29 @@ def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_sh
     zeros = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(
         jnp.zeros(p.shape, jnp.float32), s), params, param_shardings)
 
-    def body(carry, mb):
-      grad_sum, sq_sum = carry
+    def body(grad_sum, mb):
       tok, rows = trainer._counts(mb)  # pylint: disable=protected-access
       lfn = loss_fn
       if loss_fn.aggregation == "constant":  # the micro-batch's own mean, as an estimate of G
-        lfn = dataclasses.replace(loss_fn, normalizer=(jnp.maximum(rows, 1.0) * t if batch.packed
-                                                       else float(b // k * t)))
+        lfn = dataclasses.replace(loss_fn, normalizer=jnp.maximum(rows, 1.0) * t)
       (_, lp), g = jax.value_and_grad(micro_loss, has_aux=True)(params, ref_params, mb, lfn,
                                                                  base)
       w = _micro_weight(loss_fn.aggregation, tok, rows, n_tok, n_rows)
-      if loss_fn.aggregation == "constant":
-        w = jnp.asarray(1.0 / k, jnp.float32)
       grad_sum = jax.tree.map(lambda a, x: a + w * x.astype(jnp.float32), grad_sum, g)
-      return (grad_sum, sq_sum + _global_sq(g)), lp
+      return grad_sum, (lp, _global_sq(g), w * n_rows)
 
-    (grad_sum, sq_sum), lp_k = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), mbs)
+    grad_sum, (lp_k, sq_k, b_k) = jax.lax.scan(body, zeros, mbs)
     lp = lp_k.swapaxes(0, 1).reshape((b,) + lp_k.shape[2:])  # rows back in batch order
     stats = off_policy_stats(lp, batch.behaviour_logprobs, batch.completion_mask,
                              batch.segment_ids if batch.packed else None, eps_low, eps_high)
-    rollouts = n_rows
-    out = {"grad_sq_small": sq_sum / k, "grad_sq_big": _global_sq(grad_sum),
-           "micro_rollouts": rollouts / k, "batch_rollouts": rollouts, **stats}
+    used = b_k > 0  # micro-batches with valid tokens
+    n_used = jnp.maximum(jnp.sum(used.astype(jnp.float32)), 1.0)
+    inv_b = jnp.sum(jnp.where(used, 1.0 / jnp.where(used, b_k, 1.0), 0.0)) / n_used
+    out = {"grad_sq_small": jnp.sum(jnp.where(used, sq_k, 0.0)) / n_used,
+           "grad_sq_big": _global_sq(grad_sum),
+           "micro_rollouts": jnp.where(inv_b > 0, 1.0 / jnp.where(inv_b > 0, inv_b, 1.0), 0.0),
+           "batch_rollouts": n_rows,
+           **stats}
     return {key: jnp.asarray(v, jnp.float32) for key, v in out.items()}
 
   batch_sh = NamedSharding(mesh, P(sharding.batch_axes(mesh)))

@@ -6,8 +6,10 @@ it on a fixed probe (a forward pass over its rollouts before and after the updat
 metrics-row keys:
 
   diag/noise_scale           B_simple = tr(Sigma) / |G|^2 in rollouts, a ratio of exponential moving
-                             averages of the two unbiased estimates (McCandlish et al. 2018); NaN
-                             until the smoothed |G|^2 is positive
+                             averages of the two unbiased estimates (McCandlish et al. 2018; for
+                             micro-batches of unequal sizes, as packed rows are, and token_mean's
+                             per-token noise: `learner.diagnostics`); NaN until the smoothed |G|^2
+                             is positive
   diag/noise_scale_raw       the same from this step's estimates alone (noisy, may be negative)
   diag/batch_over_noise_scale  B / diag/noise_scale: << 1 sample-limited (fresh rollouts buy the
                              progress; replay cannot pay), >~ 1 update-limited (replay can pay)
@@ -72,7 +74,10 @@ class NoiseScale:
     self.count = 0
 
   def update(self, g2: float, trace: float) -> float:
-    """Adds one measurement; returns the smoothed B_simple (NaN while the smoothed |G|^2 <= 0)."""
+    """Adds one measurement; returns the smoothed B_simple (NaN while the smoothed |G|^2 <= 0). A
+    non-finite measurement (a batch whose valid tokens all fall in one micro-batch) is left out."""
+    if not (math.isfinite(g2) and math.isfinite(trace)):
+      return self.value
     d = self.decay
     self.g2 = d * self.g2 + (1.0 - d) * g2
     self.trace = d * self.trace + (1.0 - d) * trace
