@@ -101,7 +101,9 @@ def test_kill9_twice_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_refe
     assert proc.poll() is None, "the run ended before it was killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  assert read_rows(workdir)[-1]["step"] < 6
+  # Under load the run may log steps 5-6 while checkpoint 4 is still being written: what matters is
+  # that it resumes at 4 and rewrites those rows as the uninterrupted run has them.
+  assert read_rows(workdir)[-1]["step"] >= 4
   out = run_launch(workdir)
   assert "resumed at step 4" in out.stderr
   _assert_same_end(workdir, tiny_reference_run)
