@@ -70,6 +70,11 @@ def read_metrics(workdir_or_file: str) -> list[dict]:
     path = os.path.join(path, METRICS_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found: expected a run directory holding {METRICS_FILE}")
+  return read_jsonl(path)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The JSON-object lines of the file `path`; malformed lines (a line cut by a crash) skipped."""
   rows = []
   with open(path, encoding="utf-8") as f:
     for line in f:
@@ -80,6 +85,17 @@ def read_metrics(workdir_or_file: str) -> list[dict]:
       if isinstance(row, dict):
         rows.append(row)
   return rows
+
+
+def rewrite_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
+  """Replaces the file `path` by `rows`, one JSON line each, atomically (tmp file, fsync, rename)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
 
 
 def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
@@ -227,13 +243,7 @@ class MetricsWriter:
     if not os.path.isfile(self.path):
       return 0
     kept = [row for row in read_metrics(self.path) if int(row.get("step", -1)) <= step]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      for row in kept:
-        f.write(json.dumps(row) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
+    rewrite_jsonl(self.path, kept)
     if getattr(self, "_file", None) is not None:  # reopen: the old handle points at the old file
       self._file.close()
       self._file = open(self.path, "a", encoding="utf-8")

@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from jaxreplay.infra import metric_writers
+
 FILE = "eval_problems.jsonl"
 
 
@@ -37,16 +39,7 @@ def read_rows(path: str) -> list[dict]:
   skipped."""
   if os.path.isdir(path):
     path = os.path.join(path, FILE)
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(row, dict) and "step" in row:
-        rows.append(row)
-  return rows
+  return [row for row in metric_writers.read_jsonl(path) if "step" in row]
 
 
 def problem_prompts(rows: Sequence[dict]) -> list[str]:
@@ -86,13 +79,7 @@ class ProblemLog:
       return 0
     kept = ([row for row in read_rows(self.path) if int(row["step"]) <= step]
             if os.path.isfile(self.path) else [])
-    tmp = self.path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      for row in kept:
-        f.write(json.dumps(row) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
+    metric_writers.rewrite_jsonl(self.path, kept)
     self._listed = len(problem_prompts(kept))
     return len(kept)
 
