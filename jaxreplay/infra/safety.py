@@ -121,8 +121,9 @@ class StartupInterrupted(KeyboardInterrupt):
 class StopSignals:
   """SIGTERM / SIGINT handling for the run's main thread, as a context manager.
 
-  Two modes. At start-up (`startup=True`, until `graceful()` is called: the pipeline does once its
-  step 0 is recorded) nothing has been trained yet: the first signal ends the run at once. Its handler raises
+  Two modes. At start-up (`startup=True`, until `graceful()` is called: the pipeline does just
+  before it writes its step-0 row) nothing has been trained yet: the first signal ends the run at
+  once. Its handler raises
   `StartupInterrupted` (a KeyboardInterrupt) in the main thread, whose `with` blocks close what was
   started; a watchdog thread, woken by the signal itself (`signal.set_wakeup_fd`: the main thread
   may be inside a long XLA compile, where no Python handler runs), ends the process with

@@ -218,9 +218,13 @@ class Pipeline:
       metrics = self.evaluate() if self.evaluator.start() else {}
       if metrics and jax.process_index() == 0:
         self.progress.evaluated(0, metrics)
-      tel.writer.write(0, tel.metrics.first_row(metrics))
-    if self.stop is not None:  # started (step 0 recorded): a stop now saves a checkpoint first
+      row = tel.metrics.first_row(metrics)
+    # Started: a stop from now on saves a checkpoint first. Switched before row 0 is written, so
+    # a signal sent once row 0 is seen (as a supervisor or test may) always stops gracefully.
+    if self.stop is not None:
       self.stop.graceful()
+    if self.step == 0:
+      tel.writer.write(0, row)
 
   def summary(self) -> dict[str, Any]:
     out = {"step": self.step,
