@@ -168,9 +168,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.buffer.reuse_target = 2.0      # uses per rollout (fixed; adaptive: the starting value)
   c.buffer.reuse_min = 1.0         # adaptive: the range of the uses per rollout
   c.buffer.reuse_max = 4.0         # adaptive: the largest uses per rollout
-  c.buffer.reuse_kl_max = 0.02     # adaptive: behaviour KL (k3, nats/token) above which reuse drops
-  c.buffer.reuse_ess_min = 0.8     # adaptive: IS effective sample size below which reuse drops
-  c.buffer.reuse_update_kl_max = 0.01  # adaptive: update KL (nats/token) above which reuse drops
+  c.buffer.reuse_kl_max = 0.02     # adaptive: behaviour KL (k3, nats/token) the batches may reach
+                                   # (eps^2 / 2 for the clip eps 0.2): bounds rho, cuts it above
+  c.buffer.reuse_ess_min = 0.0     # adaptive: IS effective sample size below which reuse drops
+                                   # (0: off; the ESS enters rho* = sqrt(mu ESS B / noise scale))
+  c.buffer.reuse_update_kl_max = 0.0  # adaptive: update KL (nats/token) above which reuse drops
+                                   # (0: off; the update KL enters the staleness bound)
   c.buffer.priority = "uniform"    # how a batch is drawn from what is held: uniform | fresh
                                    # (priority exp(-age / fresh_tau), age in updates; successive
                                    # sampling without replacement, jaxreplay.data.buffer)

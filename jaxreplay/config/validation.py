@@ -55,8 +55,8 @@ def validate_config(c) -> None:
   if not errors:
     errors = (run_errors(c) + model_errors(c.model, c.rollout) + task_errors(c.task) +
               rollout_errors(c.rollout, c.model.max_len) + partial_errors(c) +
-              buffer_errors(c.buffer, c.rollout, c.log) + trainer_errors(c.trainer, c) +
-              scheduler_errors(c.scheduler, c) + eval_errors(c.eval) + devices_errors(c.devices) +
+              buffer_errors(c.buffer, c.rollout, c.log, c.scheduler.mu) +
+              trainer_errors(c.trainer, c) + scheduler_errors(c.scheduler, c) + eval_errors(c.eval) + devices_errors(c.devices) +
               log_errors(c) + key_rules.no_effect_errors(c))
   if errors:
     raise ConfigError(errors)
@@ -354,15 +354,16 @@ def ray_errors(r) -> list[str]:
   return errors
 
 
-def buffer_errors(b, r, log=None) -> list[str]:
+def buffer_errors(b, r, log=None, mu: float = 6.84) -> list[str]:
   """buffer.*: N against B and against one request (`r`: the rollout section), the reuse controller
-  (`log`: the log section, whose diagnostics the adaptive controller reads)."""
+  (`log`: the log section, whose diagnostics the adaptive controller reads; `mu`: scheduler.mu,
+  which it reads too)."""
   from jaxreplay.data import batch_reuse  # pylint: disable=g-import-not-at-top
   from jaxreplay.data import reuse  # pylint: disable=g-import-not-at-top
   from jaxreplay.data import samplers  # pylint: disable=g-import-not-at-top
   errors = []
   try:
-    settings = reuse.ReuseSettings.from_config(b)
+    settings = reuse.ReuseSettings.from_config(b, mu)
   except ValueError as e:
     errors.append(str(e))
   else:

@@ -20,19 +20,29 @@ buffer.reuse_control:
   "fixed"     rho = buffer.reuse_target for the whole run (a design point, like the sync grid's
               B / R).
   "adaptive"  rho starts at buffer.reuse_target and is re-decided at every regime measurement
-              (`run.regime`, log.diagnostics_every steps), from what is measured:
-                signal = B / noise_scale (diag/batch_over_noise_scale): the batch against the
-                gradient noise scale. Below 1/4 the batch gradient is noise-dominated: fresh
-                samples buy progress and reuse cannot (rho -> reuse_min); at 2 and above one
-                update's gradient is mostly signal and updates are scarce (rho -> reuse_max);
-                log-linear in between.
-                staleness guards, each lowering rho by a third when it fires: the batch's
-                behaviour KL (k3) above reuse_kl_max, the importance weights' ESS below
-                reuse_ess_min, or one update moving the policy by more than reuse_update_kl_max
-                (old rollouts go stale fast).
+              (`run.regime`, log.diagnostics_every steps), by a rule with no constant fit to a task
+              (`optimal_reuse`, `staleness_bound`; derivation in docs/regimes.md):
+                rho* = sqrt(mu * ESS * B / noise_scale)
+              is the replay ratio that maximises progress per unit of compute when an update on B
+              rollouts, R = B / rho of them fresh, progresses like a fresh batch of R in its noise
+              (McCandlish et al.'s 1 / (1 + noise_scale / batch)) at a cost of (1 + mu / rho) updates'
+              training; ESS (diag/is_ess, in (0, 1]) is the share of the batch the importance
+              weights leave effective. mu is scheduler.mu (generation / training cost per update),
+              B / noise_scale is diag/batch_over_noise_scale. Below a signal of 1 / mu rho* < 1:
+              fresh data only. rho is then bounded by staleness: a uniform draw from N is
+              N rho / (2 B) updates old on average, so with the policy moving diag/update_kl per
+              update the batch's behaviour KL stays under reuse_kl_max while
+                rho <= 2 B reuse_kl_max / (N update_kl);
+              reuse_kl_max defaults to eps^2 / 2 = 0.02 for the clip eps = 0.2: a rollout whose
+              ratios leave the clip range gives no gradient. One measured guard remains: the
+              batch's behaviour KL (k3) above reuse_kl_max cuts rho by a third (the bound assumes
+              drift that adds up linearly; this catches when it does not). Optional guards, off by
+              default (0): IS ESS below reuse_ess_min, update KL above reuse_update_kl_max.
               The first measurement (step 0) sets rho directly; after it rho moves by at most
-              1.5x per decision. rho stays in [reuse_min, reuse_max]; every decision is logged
-              with its reason (controller/* keys, and a log line in words).
+              1.5x per decision (the noise scale is itself a moving average: this only keeps one
+              noisy measurement from swinging the pacing). rho stays in [reuse_min, reuse_max];
+              every decision is logged with its reason (controller/* keys, and a log line in
+              words).
   "gradient_gate"  not a pacing control: Dynamic Gradient Gating over the on-policy queue
               (`data.batch_reuse`): each fresh batch is reused while the LM head's gradient shows
               no surge, up to buffer.gate_max_reuse updates. This controller stays inactive.
@@ -56,7 +66,6 @@ from absl import logging
 REUSE_CONTROLS = ("off", "fixed", "adaptive", "gradient_gate")
 PACING_CONTROLS = ("fixed", "adaptive")  # the controls this controller paces generation for
 READS_DIAGNOSTICS = ("adaptive",)        # the controls that decide from the regime diagnostics
-SIGNAL_LOW, SIGNAL_HIGH = 0.25, 2.0   # batch / noise scale where rho = reuse_min / reuse_max
 MAX_MOVE = 1.5                        # largest change of rho per decision (factor)
 GUARD_CUT = 2.0 / 3.0                 # the factor a firing staleness guard applies
 
@@ -69,8 +78,9 @@ class ReuseSettings:
   reuse_min: float = 1.0
   reuse_max: float = 4.0
   kl_max: float = 0.02
-  ess_min: float = 0.8
-  update_kl_max: float = 0.01
+  ess_min: float = 0.0        # 0: off (the ESS enters rho* itself)
+  update_kl_max: float = 0.0  # 0: off (the update KL enters the staleness bound itself)
+  mu: float = 6.84            # generation / training cost per update (scheduler.mu)
 
   def __post_init__(self):
     if self.control not in REUSE_CONTROLS:
@@ -81,26 +91,49 @@ class ReuseSettings:
     if not self.reuse_min <= self.target <= self.reuse_max and self.control in PACING_CONTROLS:
       raise ValueError(f"buffer.reuse_target={self.target} must be in [reuse_min, reuse_max] = "
                        f"[{self.reuse_min}, {self.reuse_max}]")
-    if self.kl_max <= 0 or self.update_kl_max <= 0 or not 0 < self.ess_min <= 1:
-      raise ValueError("buffer.reuse_kl_max and buffer.reuse_update_kl_max must be > 0 and "
-                       f"buffer.reuse_ess_min in (0, 1]; got {self.kl_max}, {self.update_kl_max}, "
-                       f"{self.ess_min}")
+    if self.kl_max <= 0 or self.update_kl_max < 0 or not 0 <= self.ess_min <= 1:
+      raise ValueError("buffer.reuse_kl_max must be > 0, buffer.reuse_update_kl_max >= 0 (0: off) "
+                       f"and buffer.reuse_ess_min in [0, 1] (0: off); got {self.kl_max}, "
+                       f"{self.update_kl_max}, {self.ess_min}")
+    if not self.mu > 0:
+      raise ValueError(f"scheduler.mu={self.mu}: the generation / training cost ratio must be > 0")
 
   @classmethod
-  def from_config(cls, b) -> "ReuseSettings":
+  def from_config(cls, b, mu: float) -> "ReuseSettings":
+    """b: the buffer section; mu: scheduler.mu."""
     return cls(control=str(b.reuse_control), target=float(b.reuse_target),
                reuse_min=float(b.reuse_min), reuse_max=float(b.reuse_max),
                kl_max=float(b.reuse_kl_max), ess_min=float(b.reuse_ess_min),
-               update_kl_max=float(b.reuse_update_kl_max))
+               update_kl_max=float(b.reuse_update_kl_max), mu=float(mu))
 
 
-def signal_target(signal: float, reuse_min: float, reuse_max: float) -> float:
-  """rho from the batch / noise-scale signal alone: reuse_min at or below SIGNAL_LOW, reuse_max at
-  or above SIGNAL_HIGH, log-linear in between; reuse_min for an undefined signal (NaN)."""
-  if not math.isfinite(signal) or signal <= SIGNAL_LOW:
-    return reuse_min
-  u = min(1.0, math.log(signal / SIGNAL_LOW) / math.log(SIGNAL_HIGH / SIGNAL_LOW))
-  return reuse_min + u * (reuse_max - reuse_min)
+def optimal_reuse(signal: float, mu: float, ess: float = 1.0) -> float:
+  """rho* = sqrt(mu * ess * signal): the replay ratio (uses per rollout) that maximises progress
+  per unit of compute, unclipped.
+
+  signal = B / noise_scale; ess in (0, 1] (the importance weights' normalised effective sample
+  size; NaN is read as 1). An update on B rollouts of which R = B / rho are fresh progresses like
+  a fresh batch of R, 1 / (1 + rho / (ess signal)) of a noiseless step, and costs (1 + mu / rho)
+  updates' training (generating R = B / rho rollouts costs mu / rho of training B). Maximising
+  the ratio, d/drho [(1 + rho / s)(1 + mu / rho)] = 1 / s - mu / rho^2 = 0 gives rho = sqrt(mu s).
+  0 for an undefined or non-positive signal (no reuse)."""
+  if not math.isfinite(ess) or ess <= 0:
+    ess = 1.0
+  if not math.isfinite(signal) or signal <= 0:
+    return 0.0
+  return math.sqrt(mu * min(ess, 1.0) * signal)
+
+
+def staleness_bound(update_kl: float, kl_max: float, batch_size: int, buffer_size: int) -> float:
+  """The largest rho whose batches stay within `kl_max` of behaviour KL: 2 B kl_max / (N u).
+
+  At replay ratio rho the buffer of N holds the rollouts of N rho / B updates, so a uniform draw
+  is on average N rho / (2 B) updates old; the policy moving u = update_kl (nats/token) per update
+  puts the batch's behaviour KL near u N rho / (2 B). Infinite when u is not measured (NaN or
+  <= 0)."""
+  if not math.isfinite(update_kl) or update_kl <= 0:
+    return math.inf
+  return 2.0 * batch_size * kl_max / (buffer_size * update_kl)
 
 
 class ReuseController:
@@ -108,12 +141,16 @@ class ReuseController:
   worker threads; the counters they read are the buffer's and the intake's (locked there)."""
 
   def __init__(self, settings: ReuseSettings, batch_size: int, request_rollouts: int,
-               buffer: Optional[Any] = None):
+               buffer: Optional[Any] = None, buffer_size: Optional[int] = None):
     """buffer: the `ReplayBuffer` it paces; given, it is told to take the newest unused rollouts
-    while rho is 1 (module docstring)."""
+    while rho is 1 (module docstring). buffer_size: N for the staleness bound (default: the
+    buffer's capacity, else 4 B)."""
     self.settings = settings
     self.batch_size, self.request_rollouts = int(batch_size), int(request_rollouts)
     self.buffer = buffer
+    if buffer_size is None:
+      buffer_size = buffer.capacity if buffer is not None else 4 * self.batch_size
+    self.buffer_size = int(buffer_size)
     self.rho = float(settings.target)
     self.required = float(batch_size)  # rollouts that must have been added for the next step
     self.decisions = 0
@@ -156,12 +193,20 @@ class ReuseController:
     if s.control != "adaptive":
       return {"controller/reuse_target": self.rho} if self.active else {}
     signal = float(diag.get("diag/batch_over_noise_scale", float("nan")))
-    want = signal_target(signal, s.reuse_min, s.reuse_max)
-    reasons = [f"batch/noise scale {signal:.3g} -> rho {want:.3g}"]
-    guards = (("diag/behaviour_kl_k3", lambda v: v > s.kl_max, f"behaviour KL > {s.kl_max:g}"),
-              ("diag/is_ess", lambda v: v < s.ess_min, f"IS ESS < {s.ess_min:g}"),
-              ("diag/update_kl", lambda v: v > s.update_kl_max,
-               f"update KL > {s.update_kl_max:g}"))
+    ess = float(diag.get("diag/is_ess", float("nan")))
+    update_kl = float(diag.get("diag/update_kl", float("nan")))
+    best = optimal_reuse(signal, s.mu, ess)
+    bound = staleness_bound(update_kl, s.kl_max, self.batch_size, self.buffer_size)
+    want = min(best, bound)
+    reasons = [f"batch/noise scale {signal:.3g} x ESS {ess:.3g}, mu {s.mu:g} -> rho* {best:.3g}"]
+    if bound < best:
+      reasons.append(f"update KL {update_kl:.3g} bounds rho at {bound:.3g}")
+    guards = [("diag/behaviour_kl_k3", lambda v: v > s.kl_max, f"behaviour KL > {s.kl_max:g}")]
+    if s.ess_min > 0:
+      guards.append(("diag/is_ess", lambda v: v < s.ess_min, f"IS ESS < {s.ess_min:g}"))
+    if s.update_kl_max > 0:
+      guards.append(("diag/update_kl", lambda v: v > s.update_kl_max,
+                     f"update KL > {s.update_kl_max:g}"))
     fired = 0
     for key, test, text in guards:
       v = diag.get(key)
@@ -180,9 +225,11 @@ class ReuseController:
     self.decisions += 1
     self._apply_sampling()
     self.last = {"controller/reuse_target": new, "controller/signal": signal,
-                 "controller/guards_fired": float(fired),
+                 "controller/optimal": best, "controller/guards_fired": float(fired),
                  "controller/newest_unused": float(self.newest_unused),
                  "controller/reason": "; ".join(reasons)}
+    if math.isfinite(bound):
+      self.last["controller/staleness_bound"] = bound
     return dict(self.last)
 
   def state_dict(self) -> dict[str, float]:

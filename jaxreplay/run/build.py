@@ -280,7 +280,8 @@ def make_intake(c, task, codec, loss_fn, episodes: Optional[multiturn.EpisodeRun
   sampling = SamplingParams(temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                             top_k=c.rollout.top_k, max_tokens=c.rollout.max_tokens,
                             stop_token_ids=tuple(codec.stop_ids), seed=c.seed)
-  reuse_controller = reuse.ReuseController(reuse.ReuseSettings.from_config(c.buffer),
+  reuse_controller = reuse.ReuseController(reuse.ReuseSettings.from_config(c.buffer,
+                                                                           c.scheduler.mu),
                                            c.buffer.batch_size,
                                            c.rollout.prompts_per_request * c.rollout.group_size,
                                            buffer=buf)

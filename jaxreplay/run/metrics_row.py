@@ -90,7 +90,9 @@ Keys of a row, by source (units in brackets):
   controller/*                   the reuse controller (`jaxreplay.data.reuse`, buffer.reuse_control):
                                  controller/reuse_target (uses per rollout it paces to) every step;
                                  at its decisions controller/signal (batch / noise scale),
-                                 controller/guards_fired, controller/newest_unused (1 while
+                                 controller/optimal (rho* = sqrt(mu ESS signal)),
+                                 controller/staleness_bound (the update KL's bound on rho,
+                                 when measured), controller/guards_fired, controller/newest_unused (1 while
                                  rho = 1: updates take the newest unused rollouts),
                                  controller/reason (words)
   batch_reuse/*                  several updates per fresh batch (`jaxreplay.data.batch_reuse`:

@@ -64,7 +64,8 @@ ROW_KEYS = ("step", "compute_seconds", "reward_mean", "batch/reward_mean", "loss
             "tis_weight_mean", "tis_truncated_fraction", "buffer/staleness_mean",
             "buffer/staleness_max", "buffer/batch_use_count_mean", "buffer/replay_ratio",
             "buffer/size", "compute/gamma", "controller/reuse_target", "controller/signal",
-            "controller/guards_fired", "controller/newest_unused", "buffer/never_used_fraction")
+            "controller/optimal", "controller/staleness_bound", "controller/guards_fired",
+            "controller/newest_unused", "buffer/never_used_fraction")
 MAX_ROWS = 120  # thinned rows per record beyond the diagnostics rows
 
 

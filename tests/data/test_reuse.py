@@ -20,12 +20,27 @@ def _settings(**kw):
   return reuse.ReuseSettings(**{"control": "adaptive", "target": 2.0, **kw})
 
 
-def test_signal_target_is_log_linear_between_the_thresholds():
-  assert reuse.signal_target(0.1, 1.0, 4.0) == 1.0
-  assert reuse.signal_target(float("nan"), 1.0, 4.0) == 1.0
-  assert reuse.signal_target(5.0, 1.0, 4.0) == 4.0
-  mid = math.sqrt(reuse.SIGNAL_LOW * reuse.SIGNAL_HIGH)  # halfway on the log scale
-  assert reuse.signal_target(mid, 1.0, 4.0) == pytest.approx(2.5)
+def test_optimal_reuse_maximises_progress_per_compute():
+  """rho* = sqrt(mu ESS s) against a numeric argmax of the progress-per-compute model it is
+  derived from, 1 / ((1 + rho / (ESS s)) (1 + mu / rho)), on a fine grid."""
+  rhos = np.exp(np.linspace(math.log(0.01), math.log(100.0), 200001))
+  for s, mu, ess in [(2.3, 6.84, 1.0), (0.15, 6.84, 1.0), (1.0, 5.28, 0.6), (10.0, 1.0, 0.9)]:
+    progress = 1.0 / ((1.0 + rhos / (ess * s)) * (1.0 + mu / rhos))
+    assert reuse.optimal_reuse(s, mu, ess) == pytest.approx(rhos[np.argmax(progress)], rel=1e-4)
+  assert reuse.optimal_reuse(2.3, 6.84) == pytest.approx(math.sqrt(15.732))   # ~3.97
+  assert reuse.optimal_reuse(4.0, 4.0, float("nan")) == pytest.approx(4.0)   # no ESS: 1
+  assert reuse.optimal_reuse(float("nan"), 6.84) == 0.0 and reuse.optimal_reuse(-1, 6.84) == 0.0
+
+
+def test_staleness_bound_keeps_the_mean_behaviour_kl_under_kl_max():
+  """A uniform draw from N at ratio rho is N rho / (2 B) updates old on average: at the bound the
+  mean age times the update KL is kl_max."""
+  b, n, kl_max, u = 512, 2048, 0.02, 0.004
+  rho = reuse.staleness_bound(u, kl_max, b, n)
+  assert rho == pytest.approx(2.0 * 512 * 0.02 / (2048 * 0.004))            # 2.5
+  assert (n * rho / (2 * b)) * u == pytest.approx(kl_max)
+  assert reuse.staleness_bound(float("nan"), kl_max, b, n) == math.inf
+  assert reuse.staleness_bound(0.0, kl_max, b, n) == math.inf
 
 
 @pytest.mark.parametrize("rho, workers", [(3.0, 1), (1.25, 6), (2.0, 3)])
@@ -51,32 +66,58 @@ def test_gates_pace_the_replay_ratio(rho, workers):
   assert buf.total_added <= ctl.required + b / rho + request
 
 
-def test_adaptive_decisions_follow_the_signal_and_the_guards():
-  ctl = reuse.ReuseController(_settings(), 64, 8)
+def test_adaptive_decisions_follow_the_derived_rule_and_the_guards():
+  ctl = reuse.ReuseController(_settings(mu=4.0), 64, 8, buffer_size=256)
   out = ctl.decide({"diag/batch_over_noise_scale": 0.5}, step=0)  # the first sets rho directly
-  assert out["controller/reuse_target"] == pytest.approx(reuse.signal_target(0.5, 1.0, 4.0))
-  ctl = reuse.ReuseController(_settings(), 64, 8)
-  ctl.decide({"diag/batch_over_noise_scale": 1.0}, step=0)   # rho 3 (log-linear: 2 / 3 of the way)
-  assert ctl.rho == pytest.approx(3.0)
+  assert out["controller/reuse_target"] == pytest.approx(math.sqrt(2.0))   # sqrt(4 x 0.5)
+  assert out["controller/optimal"] == pytest.approx(math.sqrt(2.0))
+  assert "controller/staleness_bound" not in out  # no update KL measured
+  ctl = reuse.ReuseController(_settings(mu=4.0), 64, 8, buffer_size=256)
+  ctl.decide({"diag/batch_over_noise_scale": 1.0, "diag/is_ess": 0.5625}, step=0)
+  assert ctl.rho == pytest.approx(1.5)                                      # sqrt(4 x 0.5625)
   ctl.rho = 2.0
   out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/behaviour_kl_k3": 0.001,
-                    "diag/is_ess": 0.99, "diag/update_kl": 1e-4}, step=10)
+                    "diag/is_ess": 1.0, "diag/update_kl": 1e-4}, step=10)
+  assert out["controller/optimal"] == pytest.approx(4.0)
+  assert out["controller/staleness_bound"] == pytest.approx(2 * 64 * 0.02 / (256 * 1e-4))  # 100
   assert out["controller/reuse_target"] == pytest.approx(3.0)  # wants 4, moves at most 1.5x
   assert out["controller/guards_fired"] == 0 and "batch/noise scale 4" in out["controller/reason"]
+  # The update KL's bound: 2 B kl_max / (N u) = 2 x 64 x 0.02 / (256 x 0.004) = 2.5 < rho* = 4.
+  out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/update_kl": 0.004}, step=15)
+  assert out["controller/reuse_target"] == pytest.approx(2.5)
+  assert "bounds rho at 2.5" in out["controller/reason"]
+  ctl.rho = 3.0
   out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/behaviour_kl_k3": 0.05}, step=20)
   assert out["controller/reuse_target"] == pytest.approx(2.0)  # stale: cut by a third
   assert out["controller/guards_fired"] == 1 and "behaviour KL" in out["controller/reason"]
   assert out["controller/newest_unused"] == 0.0
+  # Off by default: ESS and update-KL thresholds fire only when set.
+  out = ctl.decide({"diag/batch_over_noise_scale": 4.0, "diag/is_ess": 0.1}, step=25)
+  assert out["controller/guards_fired"] == 0
+  strict = reuse.ReuseController(_settings(mu=4.0, ess_min=0.8, update_kl_max=0.01), 64, 8)
+  strict.rho = 3.0
+  out = strict.decide({"diag/batch_over_noise_scale": 4.0, "diag/is_ess": 1.0,
+                       "diag/update_kl": 0.02}, step=5)
+  assert out["controller/guards_fired"] == 1 and "update KL > 0.01" in out["controller/reason"]
   for _ in range(5):
-    out = ctl.decide({"diag/batch_over_noise_scale": 0.05}, step=30)
+    out = ctl.decide({"diag/batch_over_noise_scale": 0.05}, step=30)   # sqrt(4 x 0.05) < 1
   assert out["controller/reuse_target"] == 1.0  # noise-dominated: on-policy-like reuse
   assert out["controller/newest_unused"] == 1.0
   state = ctl.state_dict()
   other = reuse.ReuseController(_settings(), 64, 8)
   other.load_state_dict(state)
-  assert (other.rho, other.required, other.decisions) == (ctl.rho, ctl.required, 8)
+  assert (other.rho, other.required, other.decisions) == (ctl.rho, ctl.required, 10)
   other.load_state_dict({"rho": 2.0, "required": 64.0})  # a checkpoint from before `decisions`
   assert other.decisions == 1
+
+
+def test_settings_reject_what_the_rule_cannot_use():
+  with pytest.raises(ValueError, match="scheduler.mu"):
+    _settings(mu=0.0)
+  with pytest.raises(ValueError, match="reuse_ess_min"):
+    _settings(ess_min=1.5)
+  with pytest.raises(ValueError, match="reuse_kl_max"):
+    _settings(kl_max=0.0)
 
 
 def _rollouts(uids, version=0):
