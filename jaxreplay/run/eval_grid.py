@@ -67,6 +67,10 @@ class EvalGrid:
     return {"next": self.next, "compute_at_step_end": self.compute_at_step_end}
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    """Restores `state_dict()` (also one written before this class: the same keys)."""
-    self.next = int(state["next"])
+    """Restores `state_dict()` (also one written before this class: the same keys). The points up
+    to the saved compute count as evaluated: the last step of a finished run is evaluated without
+    moving past the points it crossed, and a run resumed to a longer budget (a grid that goes on,
+    `science.sweeps.extended_grid`) must not evaluate them again at its next step."""
     self.compute_at_step_end = float(state["compute_at_step_end"])
+    crossed = sum(1 for x in self.points if x <= self.compute_at_step_end)
+    self.next = max(int(state["next"]), crossed)

@@ -37,6 +37,7 @@ import math
 import os
 import runpy
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,9 @@ class RunSpec:
   """One run: `python -m jaxreplay.launch <args> --workdir=DIR/<rel_dir>`.
 
   `overrides` are the resolved (key, value) pairs after `--config=config`; `identity` hashes the
-  fully resolved config, so two specs with the same identity are the same run.
+  fully resolved config, so two specs with the same identity are the same run. `extends`: for a
+  run planned with `--extend`, the overrides of the run it continues (the same run to the sweep's
+  own budget); a finished run with those is resumed to this one's budget, not started again.
   """
   sweep: str
   arm: str
@@ -82,14 +85,22 @@ class RunSpec:
   config: str
   overrides: tuple[tuple[str, Any], ...]
   identity: str
+  extends: tuple[tuple[str, Any], ...] = ()
 
   @property
   def rel_dir(self) -> str:
     return os.path.join("runs", self.sweep, self.arm, f"seed{self.seed}")
 
   def args(self) -> list[str]:
+    return self._args(self.overrides)
+
+  def base_args(self) -> Optional[list[str]]:
+    """The args of the run this one extends (None when it extends none)."""
+    return self._args(self.extends) if self.extends else None
+
+  def _args(self, overrides) -> list[str]:
     return [f"--config={self.config}"] + [f"--config.{k}={sweeps_lib.format_value(v)}"
-                                          for k, v in self.overrides]
+                                          for k, v in overrides]
 
   def command(self, workdir: str) -> list[str]:
     return ["python", "-m", "jaxreplay.launch", *self.args(), f"--workdir={workdir}"]
@@ -115,12 +126,18 @@ def _config_arg(path: str) -> str:
 
 
 def plan_sweep(sweep: sweeps_lib.Sweep, seeds: int, quick: bool = False,
-               config: Optional[str] = None, budget: Optional[float] = None) -> dict[str, Any]:
+               config: Optional[str] = None, budget: Optional[float] = None,
+               extend: float = 1.0) -> dict[str, Any]:
   """Resolves a sweep against its base config: the plan stored in DIR/plans/SWEEP.json.
+
+  extend > 1: every run goes on to extend x the budget (`sweeps.extended_grid`: the grid keeps its
+  points and goes on at its own spacing; pass@k also at the new end); a run finished to the
+  sweep's own budget is resumed from its last checkpoint (the sweeps' learning rates are
+  constant, `sweeps.COMMON`: nothing in a run depends on its horizon), not started again.
 
   Returns {"sweep", "description", "config", "budget", "grid", "seeds", "quick", "baseline",
   "figure", "figure_x", "arms": {name: {"overrides", "baseline", "family", "tags"}},
-  "specs": [RunSpec]}.
+  "specs": [RunSpec]}, and "extends": {"budget", "grid"} (the unextended ones) with extend > 1.
   """
   config_path = config or sweep.config
   base = load_config(config_path)
@@ -139,17 +156,30 @@ def plan_sweep(sweep: sweeps_lib.Sweep, seeds: int, quick: bool = False,
   budget = float(f"{budget:.6g}")
   points = sweeps_lib.QUICK_GRID_POINTS if quick else sweep.grid_points
   grid = sweeps_lib.compute_grid(budget, points, sweep.grid_first)
+  if extend < 1.0:
+    raise ValueError(f"--extend={extend}: a factor >= 1 of the sweep's budget")
+  extended = None
+  if extend > 1.0:
+    extended = sweeps_lib.extended_grid(grid, points, sweep.grid_first, extend)
   arms, specs = {}, []
+
+  def run_end_of(c, grid_, budget_):
+    passk = sweeps_lib.passk_grid(grid)  # an extension adds its end to the sweep's own points
+    passk = passk if budget_ == budget else tuple(sorted(set(passk + (budget_,))))
+    return [("compute_budget", budget_), ("eval.compute_grid", grid_),
+            ("eval.passk_grid", passk), ("total_steps", sweeps_lib.total_steps_cap(budget_, c))]
+
   for arm in sweep.arms:
     c = ml_collections.ConfigDict(base.to_dict())
     protocol = sweeps_lib.resolve(sweep.protocol, c) if not quick else []
     own_overrides = sweeps_lib.resolve(arm.overrides, c)
-    run_end = [("compute_budget", budget), ("eval.compute_grid", grid),
-               ("eval.passk_grid", sweeps_lib.passk_grid(grid)),
-               ("total_steps", sweeps_lib.total_steps_cap(budget, c))]
+    base_end = run_end_of(c, grid, budget)
+    run_end = base_end if extended is None else run_end_of(c, extended, extended[-1])
     sweeps_lib.apply(c, run_end)
     # One flag per key (a repeated --config.KEY flag is not "last one wins"): later values replace.
     run_overrides = list(dict(common + protocol + own_overrides + run_end).items())
+    base_overrides = (list(dict(common + protocol + own_overrides + base_end).items())
+                      if extended is not None else [])
     arms[arm.name] = {"overrides": [[k, v] for k, v in own_overrides],
                       "baseline": sweep.baseline_of(arm), "family": arm.family,
                       "tags": {k: v for k, v in arm.tags}}
@@ -158,11 +188,16 @@ def plan_sweep(sweep: sweeps_lib.Sweep, seeds: int, quick: bool = False,
       identity = hashlib.sha256(json.dumps(c.to_dict(), sort_keys=True, default=str)
                                 .encode()).hexdigest()[:16]
       specs.append(RunSpec(sweep.name, arm.name, seed, config_path,
-                           tuple(run_overrides) + (("seed", seed),), identity))
-  return {"sweep": sweep.name, "description": sweep.description, "config": config_path,
-          "budget": budget, "grid": list(grid), "seeds": list(range(seeds)), "quick": quick,
-          "baseline": sweep.baseline, "figure": sweep.figure, "figure_x": sweep.figure_x,
-          "arms": arms, "specs": specs}
+                           tuple(run_overrides) + (("seed", seed),), identity,
+                           tuple(base_overrides) + (("seed", seed),) if base_overrides else ()))
+  plan = {"sweep": sweep.name, "description": sweep.description, "config": config_path,
+          "budget": budget if extended is None else extended[-1],
+          "grid": list(grid if extended is None else extended), "seeds": list(range(seeds)),
+          "quick": quick, "baseline": sweep.baseline, "figure": sweep.figure,
+          "figure_x": sweep.figure_x, "arms": arms, "specs": specs}
+  if extended is not None:
+    plan["extends"] = {"budget": budget, "grid": list(grid)}
+  return plan
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -187,11 +222,22 @@ def _check_spec(out: str, spec: RunSpec) -> None:
   """Fails when DIR holds this run directory from a different configuration."""
   for name in ("spec.json", "done.json"):
     old = _read_json(os.path.join(out, spec.rel_dir, name))
-    if old is not None and old.get("args") != spec.args():
+    if old is not None and old.get("args") not in (spec.args(), spec.base_args()):
       raise RuntimeError(
           f"{os.path.join(out, spec.rel_dir)} was started with other settings ({name}: "
           f"{old.get('args')}); use another --out or delete that directory to rerun it with "
           f"{spec.args()}")
+
+
+def _keep_the_extended_run(d: str, spec: RunSpec) -> None:
+  """Before a finished run is resumed to an extended budget: its done.json and record.json are
+  kept as done.base.json / record.base.json (what the sweep's own budget gave)."""
+  done = _read_json(os.path.join(d, "done.json"))
+  if done is None or spec.base_args() is None or done.get("args") != spec.base_args():
+    return
+  if os.path.isfile(os.path.join(d, "record.json")):
+    shutil.copyfile(os.path.join(d, "record.json"), os.path.join(d, "record.base.json"))
+  os.replace(os.path.join(d, "done.json"), os.path.join(d, "done.base.json"))
 
 
 def _die_with_parent() -> None:
@@ -242,7 +288,7 @@ def execute(specs: Sequence[RunSpec], out: str, runner: Runner,
   def rank(s: RunSpec) -> int:
     d = os.path.join(out, s.rel_dir)
     done = _read_json(os.path.join(d, "done.json"))
-    if done is not None and "alias_of" not in done:
+    if done is not None and "alias_of" not in done and done.get("args") == s.args():
       return 0
     return 1 if os.path.isfile(os.path.join(d, "spec.json")) else 2
 
@@ -256,7 +302,8 @@ def execute(specs: Sequence[RunSpec], out: str, runner: Runner,
   aliases_of = {c.identity: al for c, al in todo}
 
   def _write_alias(a: RunSpec, canonical: RunSpec) -> None:
-    if rank(a) != 0 and not os.path.isfile(os.path.join(out, a.rel_dir, "done.json")):
+    done = _read_json(os.path.join(out, a.rel_dir, "done.json"))
+    if rank(a) != 0 and (done is None or done.get("args") != a.args()):
       _write_json(os.path.join(out, a.rel_dir, "done.json"), {
           "args": a.args(), "identity": a.identity, "alias_of": canonical.rel_dir})
 
@@ -266,6 +313,7 @@ def execute(specs: Sequence[RunSpec], out: str, runner: Runner,
   def run_one(canonical: RunSpec) -> bool:
     d = os.path.join(out, canonical.rel_dir)
     os.makedirs(d, exist_ok=True)
+    _keep_the_extended_run(d, canonical)
     _write_json(os.path.join(d, "spec.json"), {"args": canonical.args(),
                                                "identity": canonical.identity})
     t0 = time.time()
@@ -483,6 +531,11 @@ def main(argv: Optional[Sequence[str]] = None, runner: Optional[Runner] = None) 
   parser.add_argument("--budget", type=float, default=None,
                       help="compute budget of every run [device-seconds] (default: the base "
                       "config's compute_budget, else the sweep's budget in on-policy updates)")
+  parser.add_argument("--extend", type=float, default=1.0,
+                      help="a factor > 1: every run goes on to this multiple of the budget, its "
+                      "evaluation grid continued at the grid's own spacing; runs finished to the "
+                      "sweep's budget are resumed from their last checkpoint (constant learning "
+                      "rates), their first records kept as done.base.json / record.base.json")
   parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
   parser.add_argument("--arms", default="",
                       help="comma-separated arm names or globs (e.g. 'adaptive_*,replay_lr3x'): "
@@ -498,11 +551,13 @@ def main(argv: Optional[Sequence[str]] = None, runner: Optional[Runner] = None) 
     seeds = args.seeds if args.seeds is not None else sweep.min_seeds
     if seeds < sweep.min_seeds:
       print(f"warning: {sweep.name} with {seeds} seeds (< {sweep.min_seeds}, the method's minimum)")
-    plan = plan_sweep(sweep, seeds, quick=args.quick, config=config, budget=args.budget)
+    plan = plan_sweep(sweep, seeds, quick=args.quick, config=config, budget=args.budget,
+                      extend=args.extend)
     command = " ".join(["python -m jaxreplay.experiments", f"--sweep={sweep.name}",
                         f"--seeds={seeds}", f"--out={out}"] + (["--quick"] if args.quick else [])
                        + ([f"--config={config}"] if config else [])
-                       + ([f"--budget={args.budget:g}"] if args.budget is not None else []))
+                       + ([f"--budget={args.budget:g}"] if args.budget is not None else [])
+                       + ([f"--extend={args.extend:g}"] if args.extend != 1.0 else []))
     plans.append((plan, command))
   arm_patterns = [a for a in args.arms.split(",") if a]
   if arm_patterns:

@@ -507,6 +507,21 @@ def compute_grid(budget: float, points: int, first: float = 1 / 64) -> tuple[flo
   return (0.0,) + tuple(float(f"{budget * r:.4g}") for r in ratios) + (float(budget),)
 
 
+def extended_grid(grid: Sequence[float], points: int, first: float,
+                  factor: float) -> tuple[float, ...]:
+  """`grid` (a `compute_grid(budget, points, first)`) continued to factor x its budget: its points
+  kept as they are, then the grid's own geometric spacing (1 / first) ** (1 / (points - 1)) past
+  the budget (2 for a grid without inner points), rounded like it, and the new budget last."""
+  budget = float(grid[-1])
+  end = float(f"{budget * factor:.6g}")
+  ratio = (1.0 / first) ** (1.0 / (points - 1)) if points > 1 else 2.0
+  extra, i = [], 1
+  while budget * ratio ** i < end * (1 - 1e-6):
+    extra.append(float(f"{budget * ratio ** i:.4g}"))
+    i += 1
+  return tuple(grid) + tuple(extra) + (end,)
+
+
 PASSK_POINTS = 1
 
 

@@ -41,3 +41,21 @@ def test_state_dict_round_trip_and_an_old_host_state_loads():
   assert (fresh.next, fresh.compute_at_step_end) == (1, 1.5)
   fresh.skip_evaluated(2.0)  # a checkpoint from before the key: the points up to now count as done
   assert fresh.next == 2
+
+
+def test_a_finished_run_resumed_to_a_longer_grid_evaluates_only_the_new_points():
+  """The last step of a finished run is evaluated without moving past the points it crossed; its
+  state loaded into the grid continued past the budget (`sweeps.extended_grid`) counts them as
+  evaluated: the next evaluations are at the new points only."""
+  grid = EvalGrid((10.0, 20.0, 40.0), passk_grid=(40.0,))
+  assert grid.due(3, False, lambda: 21.0) and grid.next == 2
+  assert grid.due(5, True, lambda: 41.0) and grid.passk_due  # finished at the budget, 40
+  grid.compute_at_step_end = 41.0
+  state = grid.state_dict()
+  assert state["next"] == 2  # the finished step did not move past 40
+  longer = EvalGrid((10.0, 20.0, 40.0, 50.0, 60.0), passk_grid=(40.0, 60.0))
+  longer.load_state_dict(state)
+  assert longer.next == 3
+  assert not longer.due(6, False, lambda: 45.0)   # 40 is not evaluated a second time
+  assert longer.due(7, False, lambda: 52.0) and not longer.passk_due and longer.next == 4
+  assert longer.due(9, True, lambda: 61.0) and longer.passk_due

@@ -108,6 +108,47 @@ def test_finished_runs_are_skipped_and_results_unchanged(tmp_path, capsys):
     assert runner.main(argv, runner=fake) == 2
 
 
+def test_extend_resumes_finished_runs_to_a_longer_budget(tmp_path):
+  """--extend=F: a run finished to the sweep's budget is launched again with F x the budget (the
+  launcher resumes it from its last checkpoint), its grid continued, pass@k also at the new end;
+  its first done.json / record.json kept as *.base.json. Runs not yet run start extended; a
+  rerun launches nothing; the plan records what it extends."""
+  out = str(tmp_path / "exp")
+  fake = FakeLauncher()
+  argv = ["--sweep=fig1", "--seeds=2", f"--out={out}", "--quick", "--arms=onpolicy"]
+  assert runner.main(argv, runner=fake) == 0
+  base_plan = json.load(open(os.path.join(out, "plans", "fig1.json")))
+  budget = base_plan["budget"]
+  base_done = json.load(open(os.path.join(out, "runs/fig1/onpolicy/seed0/done.json")))
+  fake.calls.clear()
+  extended = ["--sweep=fig1", "--seeds=2", f"--out={out}", "--quick", "--extend=1.5"]
+  assert runner.main(extended, runner=fake) == 0
+  assert sorted(fake.calls) == ["runs/fig1/onpolicy/seed0", "runs/fig1/onpolicy/seed1",
+                                "runs/fig1/replay/seed0", "runs/fig1/replay/seed1"]
+  run = os.path.join(out, "runs/fig1/onpolicy/seed0")
+  assert json.load(open(os.path.join(run, "done.base.json"))) == base_done
+  assert os.path.isfile(os.path.join(run, "record.base.json"))
+  done = json.load(open(os.path.join(run, "done.json")))
+  args = dict(a.split("=", 1) for a in done["args"] if a.startswith("--config."))
+  assert float(args["--config.compute_budget"]) == pytest.approx(1.5 * budget)
+  grid = [float(x) for x in args["--config.eval.compute_grid"].strip("()").split(",")]
+  assert grid[:len(base_plan["grid"])] == base_plan["grid"] and grid[-1] == 1.5 * budget
+  passk = [float(x) for x in args["--config.eval.passk_grid"].strip("()").split(",")]
+  assert passk == [0.0, budget, 1.5 * budget]
+  plan = json.load(open(os.path.join(out, "plans", "fig1.json")))
+  assert plan["budget"] == 1.5 * budget and plan["extends"] == {"budget": budget,
+                                                                "grid": base_plan["grid"]}
+  res = json.load(open(os.path.join(out, "results.json")))
+  assert res["runs"]["runs/fig1/onpolicy/seed0"]["curve"][-1]["compute_seconds"] >= 1.5 * budget
+  fake.calls.clear()
+  assert runner.main(extended, runner=fake) == 0 and fake.calls == []
+  # The unextended command now finds runs of other settings: an error, not a silent mix.
+  with pytest.raises(RuntimeError, match="other settings"):
+    runner.main(argv, runner=fake)
+  with pytest.raises(ValueError, match="factor >= 1"):
+    runner.plan_sweep(sweeps.get("fig1")[0], 1, quick=True, extend=0.5)
+
+
 def test_runs_start_seed_major(tmp_path):
   fake = FakeLauncher()
   argv = ["--sweep=positive_bias", "--seeds=2", f"--out={tmp_path}", "--quick", "--parallel=1"]
@@ -161,6 +202,19 @@ def test_quick_sweep_end_to_end(tmp_path, monkeypatch):
   first = open(os.path.join(out, "results.json"), "rb").read()
   assert runner.main(argv) == 0   # every run finished: nothing relaunched
   assert open(os.path.join(out, "results.json"), "rb").read() == first
+  # --extend: each finished run resumed from its last checkpoint to 1.5 x the budget; what it
+  # had is unchanged (its curve is a prefix of the longer one) and no point is evaluated twice.
+  assert runner.main(argv + ["--arms=onpolicy", "--extend=1.5"]) == 0
+  d = os.path.join(out, "runs/fig1/onpolicy/seed0")
+  assert "resumed at step" in open(os.path.join(d, "launch.log")).read()
+  base = json.load(open(os.path.join(d, "record.base.json")))["curve"]
+  longer = json.load(open(os.path.join(d, "record.json")))["curve"]
+  assert longer[:len(base)] == base and len(longer) > len(base)
+  assert longer[-1]["compute_seconds"] >= 1.5 * plan["budget"]
+  xs = [r["compute_seconds"] for r in longer]
+  assert len(set(xs)) == len(xs) and xs == sorted(xs)
+  assert [r["step"] for r in longer if "eval/pass@4" in r] == [
+      base[0]["step"], base[-1]["step"], longer[-1]["step"]]  # pass@k: start, old end, new end
 
 
 def test_theorem45_vs_sweep_on_fake_sync_grid(tmp_path):
