@@ -52,7 +52,9 @@ the behaviour log-probs stay those of generation (the PPO clip's old policy).
 Logged (metrics rows; `run.metrics_row`): batch_reuse/index (the update's number on its batch,
 1-based), batch_reuse/epoch (ppo: 0-based epoch), and on the row that ends a batch
 batch_reuse/updates (updates applied to it) and batch_reuse/epochs (passes over it: epochs taken;
-for the gate, its applied updates); the gate's gate/lm_head_grad_energy, gate/fired,
+for the gate, its applied updates); on every row batch_reuse/replay_ratio, the uses per rollout of
+the fresh batches so far (applied updates / (m x batches): the reuse the buffer's
+buffer/replay_ratio does not see, since the queue hands each batch out once); the gate's gate/lm_head_grad_energy, gate/fired,
 gate/bound (the energy that would have fired; inf before the window is full or on a first update),
 gate/zscore (once the window is full, on updates k >= 2), and a log line in words when it fires.
 The held batch, the position in it and the gate's window are checkpointed (`state_dict`).
@@ -189,6 +191,7 @@ class BatchReuse:
     self.index = 0     # updates taken on the held batch (0: the next update needs a fresh batch)
     self.batches = 0   # fresh batches begun
     self.applied = 0   # updates applied to the held batch (a fired gate's update is not)
+    self.total_applied = 0  # updates applied over the run (batch_reuse/replay_ratio)
 
   @classmethod
   def from_config(cls, c) -> "BatchReuse":
@@ -265,6 +268,11 @@ class BatchReuse:
             energy - previous, out.get("gate/zscore", math.inf), self.gate.settings.threshold,
             window.size, window.mean(), window.std(), self.applied)
     self.applied += 0 if fired else 1
+    if self.total_applied is not None:
+      self.total_applied += 0 if fired else 1
+    if self.total_applied is not None and self.batches:
+      # Uses per rollout of the fresh batches so far: each applied update trains on B / m of them.
+      out["batch_reuse/replay_ratio"] = self.total_applied / (self.minibatches * self.batches)
     self.index = index
     if fired or index >= self.max_updates:
       out["batch_reuse/updates"] = float(self.applied)
@@ -275,7 +283,8 @@ class BatchReuse:
   def state_dict(self) -> dict[str, Any]:
     """The held batch (arrays of `data.buffer_state`), the position in it and the gate's window."""
     state = {"index": self.index, "batches": self.batches, "applied": self.applied,
-             "held": len(self.held), "gate": None if self.gate is None else self.gate.state_dict()}
+             "total_applied": self.total_applied, "held": len(self.held),
+             "gate": None if self.gate is None else self.gate.state_dict()}
     if self.held:
       state["rollouts"] = buffer_state.rollouts_to_arrays(self.held)
     return state
@@ -283,6 +292,10 @@ class BatchReuse:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     self.index, self.batches = int(state["index"]), int(state["batches"])
     self.applied = int(state["applied"])
+    # A checkpoint from before the key cannot tell its past updates: batch_reuse/replay_ratio is
+    # then left out of the rows (None), never made up.
+    total = state.get("total_applied")
+    self.total_applied = None if total is None else int(total)
     held = int(state["held"])
     self.held = buffer_state.rollouts_from_arrays(state["rollouts"], held) if held else []
     if self.gate is not None and state.get("gate") is not None:

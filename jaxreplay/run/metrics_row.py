@@ -100,7 +100,9 @@ Keys of a row, by source (units in brackets):
                                  gradient_gate): batch_reuse/index (the update's number on its
                                  batch, from 1), batch_reuse/epoch (ppo, from 0); on the row that
                                  ends a batch batch_reuse/updates (updates applied to it) and
-                                 batch_reuse/epochs (epochs taken). The buffer's last-sample keys
+                                 batch_reuse/epochs (epochs taken); every row
+                                 batch_reuse/replay_ratio (uses per rollout of the fresh
+                                 batches so far, which buffer/replay_ratio does not count). The buffer's last-sample keys
                                  (`buffer_keys.LAST_SAMPLE_KEYS`: the batch's use counts and
                                  staleness when sampled) are on the row of the batch's first update
                                  only: the later ones sample nothing

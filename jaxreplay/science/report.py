@@ -67,7 +67,8 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
     if pk:
       row += [_q(s["final"].get(pk)), _p(vs.get("final", {}).get(pk))]
     st = s.get("run_stats", {})
-    row += [_q(s["final"].get("eval/entropy")), _q(st.get("buffer/replay_ratio"), 2),
+    uses = st.get("uses_per_rollout", st.get("buffer/replay_ratio"))  # ppo / gate reuse counted
+    row += [_q(s["final"].get("eval/entropy")), _q(uses, 2),
             _q(st.get("buffer/staleness_mean"), 2), _q(st.get("step"), 0)]
     lines.append("| " + " | ".join(row) + " |")
   lines.append("")

@@ -66,7 +66,8 @@ ROW_KEYS = ("step", "compute_seconds", "reward_mean", "batch/reward_mean", "loss
             "buffer/staleness_max", "buffer/batch_use_count_mean", "buffer/replay_ratio",
             "buffer/size", "compute/gamma", "controller/reuse_target", "controller/signal",
             "controller/optimal", "controller/staleness_bound", "controller/guards_fired",
-            "controller/newest_unused", "buffer/never_used_fraction")
+            "controller/newest_unused", "buffer/never_used_fraction",
+            "batch_reuse/replay_ratio")
 MAX_ROWS = 120  # thinned rows per record beyond the diagnostics rows
 
 
@@ -402,6 +403,11 @@ def _run_stats(rows: Sequence[dict], done: dict) -> dict[str, Any]:
            if isinstance(r.get("buffer/staleness_mean"), (int, float))]
   out = {k: last.get(k) for k in ("buffer/replay_ratio", "compute/gamma", "compute/mu",
                                   "compute/measured_mu", "step", "compute_seconds")}
+  # Uses per rollout whatever reuses it: the buffer's count, or with several updates per fresh
+  # batch (ppo_epochs, the gradient gate) that reuse, which the buffer's count does not see.
+  reuse = [r["batch_reuse/replay_ratio"] for r in rows
+           if isinstance(r.get("batch_reuse/replay_ratio"), (int, float))]
+  out["uses_per_rollout"] = reuse[-1] if reuse else out["buffer/replay_ratio"]
   out["buffer/staleness_mean"] = sum(stale) / len(stale) if stale else None
   out["wall_seconds"] = done.get("wall_seconds")
   # The off-policy options' statistics (issue 27), when the run logged them: mean over its steps

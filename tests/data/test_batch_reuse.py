@@ -67,6 +67,10 @@ def test_gradient_gate_on_a_hand_computed_sequence():
   assert rows[6]["batch_reuse/updates"] == 2  # the fired update is not applied
   np.testing.assert_allclose(rows[8]["gate/zscore"], -0.35355, atol=1e-5)
   assert "batch_reuse/updates" not in rows[8] and plan.batches == 3 and not plan.wants_fresh()
+  # Uses per rollout so far: batch 1's 4 updates, batch 2's 2 applied (the fired one is not), the
+  # 2 of batch 3: 4 / 1, ..., 6 / 2 after the gate, 8 / 3 at the end.
+  ratios = [r["batch_reuse/replay_ratio"] for r in rows]
+  np.testing.assert_allclose(ratios, [1, 2, 3, 4, 5 / 2, 6 / 2, 6 / 2, 7 / 3, 8 / 3])
 
 
 def test_gate_pure_functions():
@@ -98,6 +102,8 @@ def test_ppo_epochs_updates_and_minibatch_contents():
   assert [r["batch_reuse/index"] for r in rows] == [1, 2, 3, 4]
   assert rows[3]["batch_reuse/updates"] == 4 and rows[3]["batch_reuse/epochs"] == 2
   assert all("batch_reuse/updates" not in r for r in rows[:3])
+  # Each update trains on B / m = 4 of the 8: 0.5, 1, 1.5, 2 uses per rollout (k = 2 epochs).
+  assert [r["batch_reuse/replay_ratio"] for r in rows] == [0.5, 1.0, 1.5, 2.0]
   assert plan.wants_fresh()
   plan.begin(rollouts(8, first=100))  # batch 1: its own permutations
   assert [r.uid - 100 for r in plan.next_rollouts()] == [2, 1, 4, 0]
@@ -115,13 +121,27 @@ def test_checkpoint_round_trip_mid_batch():
       a.record(device_rule(1.0 + step, a.bound()) if a.gate else {}, step)
     b = make()
     b.load_state_dict(a.state_dict())
-    assert (b.index, b.batches, b.applied) == (a.index, a.batches, a.applied)
+    assert (b.index, b.batches, b.applied, b.total_applied) == (
+        a.index, a.batches, a.applied, a.total_applied)
     assert [r.uid for r in b.next_rollouts()] == [r.uid for r in a.next_rollouts()]
     np.testing.assert_array_equal(b.next_rollouts()[0].completion_tokens,
                                   a.next_rollouts()[0].completion_tokens)
     assert b.bound() == a.bound()
     if a.gate:
       assert list(b.gate.window) == list(a.gate.window) and b.gate.previous == a.gate.previous
+
+
+def test_a_checkpoint_without_the_run_total_leaves_the_ratio_out():
+  plan = batch_reuse.BatchReuse(8, epochs=2, minibatches=2, seed=5)
+  plan.begin(rollouts(8))
+  plan.next_rollouts()
+  state = plan.state_dict()
+  del state["total_applied"]  # as written before the key existed
+  old = batch_reuse.BatchReuse(8, epochs=2, minibatches=2, seed=5)
+  old.load_state_dict(state)
+  old.next_rollouts()
+  row = old.record({}, 1)
+  assert "batch_reuse/replay_ratio" not in row and row["batch_reuse/index"] == 1
 
 
 def test_config_checks():
