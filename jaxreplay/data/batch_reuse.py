@@ -268,10 +268,8 @@ class BatchReuse:
             energy - previous, out.get("gate/zscore", math.inf), self.gate.settings.threshold,
             window.size, window.mean(), window.std(), self.applied)
     self.applied += 0 if fired else 1
-    if self.total_applied is not None:
+    if self.total_applied is not None:  # uses per rollout of the fresh batches so far
       self.total_applied += 0 if fired else 1
-    if self.total_applied is not None and self.batches:
-      # Uses per rollout of the fresh batches so far: each applied update trains on B / m of them.
       out["batch_reuse/replay_ratio"] = self.total_applied / (self.minibatches * self.batches)
     self.index = index
     if fired or index >= self.max_updates:

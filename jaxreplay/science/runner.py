@@ -405,9 +405,7 @@ def _run_stats(rows: Sequence[dict], done: dict) -> dict[str, Any]:
                                   "compute/measured_mu", "step", "compute_seconds")}
   # Uses per rollout whatever reuses it: the buffer's count, or with several updates per fresh
   # batch (ppo_epochs, the gradient gate) that reuse, which the buffer's count does not see.
-  reuse = [r["batch_reuse/replay_ratio"] for r in rows
-           if isinstance(r.get("batch_reuse/replay_ratio"), (int, float))]
-  out["uses_per_rollout"] = reuse[-1] if reuse else out["buffer/replay_ratio"]
+  out["uses_per_rollout"] = last.get("batch_reuse/replay_ratio", out["buffer/replay_ratio"])
   out["buffer/staleness_mean"] = sum(stale) / len(stale) if stale else None
   out["wall_seconds"] = done.get("wall_seconds")
   # The off-policy options' statistics (issue 27), when the run logged them: mean over its steps
