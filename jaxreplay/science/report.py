@@ -4,7 +4,8 @@ Written by `python -m jaxreplay.experiments` next to results.json (and by `--rep
 number EXPERIMENTS.md quotes can be found in a table generated from results.json, with its spread:
 median [q25, q75] over seeds for an arm, mean [95% t interval] for per-seed paired differences
 against the sweep's baseline arm (`stats.paired`; the bootstrap interval stays in results.json as
-ci95_bootstrap). Sweeps with learning-rate families also get a family table: each family's best
+ci95_bootstrap), geometric mean [95% log-space t interval] for per-seed compute ratios
+(`stats.paired_ratio`). Sweeps with learning-rate families also get a family table: each family's best
 rate and bracket (judged on >= 2 seeds per rate) and its compute to each family target as a ratio
 to the baseline family's (geometric mean over paired seeds [95% t interval], seeds reaching it).
 Compute is in device-seconds of the simulated hardware; "-" is a value that does not exist (not
@@ -145,7 +146,9 @@ def report(results: dict[str, Any]) -> str:
   """The whole report.md text."""
   lines = ["# Sweep report (generated from results.json by jaxreplay.science.report)", "",
            "Cells: median [q25, q75] over seeds; differences to the baseline arm: mean of per-seed "
-           "paired differences [95% t interval] (n seeds). pass@1 at T=0.1; pass@k at "
+           "paired differences [95% t interval] (n seeds); ratios of compute to a target: "
+           "geometric mean of the per-seed ratios [95% t interval of the mean log ratio, mapped "
+           "through exp] (n seeds). pass@1 at T=0.1; pass@k at "
            "T=1.0; top-p 0.95; compute in device-seconds of the simulated hardware.", ""]
   for name, sweep in results["sweeps"].items():
     lines += sweep_table(name, sweep)

@@ -17,6 +17,9 @@ Methods (issue 37: fit for 4-8 seeds):
   a family's best rate the rate with the highest median final pass@1 among the rates with >= 2
                        finished seeds (`MIN_SEEDS`); "bracketed" when the nearest finished rates
                        below and above it both have >= 2 seeds and lower medians.
+  paired ratios        an arm's compute to a target over its baseline's, per seed: the geometric
+                       mean, with the t interval of the mean log ratio mapped through exp
+                       (`paired_ratio`; a t interval of the raw ratios can go below 0).
   compute to target    per seed, the compute at which the run's pass@1 curve (evaluations on the
                        sweep's dense grid) first reaches the target, linearly interpolated between
                        the two evaluations that bracket it (`compute_to_target`).
@@ -226,6 +229,23 @@ def paired(values: Sequence[Optional[float]]) -> dict[str, Any]:
           "values": [json_number(x) if x is not None else None for x in values]}
 
 
+def paired_ratio(values: Sequence[Optional[float]]) -> dict[str, Any]:
+  """Summary of per-seed ratios (positive; None entries dropped), in log space: "mean" is the
+  geometric mean exp(mean log r), "median" the median ratio, "ci95" the t interval of the mean log
+  ratio mapped through exp (always positive, unlike a t interval of the ratios themselves),
+  "ci95_bootstrap" the percentile bootstrap of the mean log ratio mapped the same way; "n" and the
+  ratios themselves ("values", in seed order, None kept) as in `paired`."""
+  v = [x for x in values if x is not None and x > 0]
+  logs = [math.log(x) for x in v]
+  lo, hi = t_interval(logs)
+  blo, bhi = bootstrap_ci(logs)
+  ex = lambda x: None if x is None else math.exp(x)
+  return {"n": len(v), "mean": math.exp(float(np.mean(logs))) if v else None,
+          "median": float(np.median(v)) if v else None, "ci95": [ex(lo), ex(hi)],
+          "ci95_bootstrap": [ex(blo), ex(bhi)],
+          "values": [json_number(x) if x is not None else None for x in values]}
+
+
 def grid_metrics(curves: Sequence[Sequence[Row]]) -> list[str]:
   """The eval metrics summarised on the grid: pass@1 (T=0.1), pass@1 at T=1, every pass@k (k
   ascending) and entropy, those present in any of the curves."""
@@ -318,8 +338,9 @@ def arm_summary(points: Mapping[int, Mapping[str, Any]], run_stats: Mapping[int,
 def paired_summary(arm: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapping[str, Any]],
                    metrics: Sequence[str], grid_len: int) -> dict[str, Any]:
   """Per-seed differences arm - baseline (seeds both have) on the grid, of final and peak values
-  and of compute to target (difference and ratio arm / baseline), each with a bootstrap 95%
-  interval of the mean."""
+  and of compute to target (difference and ratio arm / baseline): differences with the t interval
+  of their mean (`paired`), ratios as a geometric mean with a log-space t interval
+  (`paired_ratio`)."""
   seeds = sorted(set(arm) & set(base))
   out: dict[str, Any] = {"seeds": seeds, "grid": {}, "final": {}, "peak": {},
                          "compute_to_target": {}}
@@ -336,7 +357,7 @@ def paired_summary(arm: Mapping[int, Mapping[str, Any]], base: Mapping[int, Mapp
     b = [base[k]["to_target"].get(t) for k in seeds]
     out["compute_to_target"][t] = {
         "difference": paired([_diff(x, y) for x, y in zip(a, b)]),
-        "ratio": paired([_ratio(x, y) for x, y in zip(a, b)])}
+        "ratio": paired_ratio([_ratio(x, y) for x, y in zip(a, b)])}
   return out
 
 

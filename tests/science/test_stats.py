@@ -84,6 +84,28 @@ def test_t_quantiles_and_intervals_match_scipy():
     st.t_quantile(1.0, 3)
 
 
+def test_paired_ratio_is_a_geometric_mean_with_a_log_space_t_interval():
+  """Ratios of compute: the geometric mean and exp of scipy's t interval of the log ratios, so the
+  interval stays positive where a t interval of the raw ratios (1.51 [-1.26, 4.28] for these three
+  on 3 seeds) would not."""
+  from tests.helpers.deps import require  # pylint: disable=g-import-not-at-top
+  stats = require("scipy.stats")
+  ratios = [0.53, 2.72, 1.29]
+  logs = np.log(ratios)
+  p = st.paired_ratio([ratios[0], None, ratios[1], ratios[2]])
+  assert p["n"] == 3 and p["values"] == [0.53, None, 2.72, 1.29]
+  assert p["mean"] == pytest.approx(np.exp(logs.mean()), rel=1e-12)
+  assert p["median"] == pytest.approx(1.29)
+  want = np.exp(stats.t.interval(0.95, 2, loc=logs.mean(), scale=stats.sem(logs)))
+  np.testing.assert_allclose(p["ci95"], want, rtol=1e-9)
+  assert 0 < p["ci95"][0] < p["mean"] < p["ci95"][1]
+  assert st.paired(ratios)["ci95"][0] < 0  # what the raw-ratio interval would have said
+  np.testing.assert_allclose(p["ci95_bootstrap"], np.exp(st.bootstrap_ci(list(logs))), rtol=1e-12)
+  one = st.paired_ratio([1.5])
+  assert one["mean"] == pytest.approx(1.5) and one["ci95"] == [None, None]
+  assert st.paired_ratio([None])["mean"] is None
+
+
 def test_sweep_summary_by_hand():
   grid = [0.0, 10.0, 20.0]
   curves = {
@@ -107,7 +129,12 @@ def test_sweep_summary_by_hand():
   assert vs["baseline"] == "base" and vs["seeds"] == [0, 1]
   ratio = vs["compute_to_target"]["0.450"]["ratio"]
   assert ratio["values"] == [pytest.approx(a[0] / 12.75), pytest.approx(a[1] / 19.5)]
-  assert ratio["mean"] == pytest.approx((a[0] / 12.75 + a[1] / 19.5) / 2)
+  logs = np.log([a[0] / 12.75, a[1] / 19.5])
+  assert ratio["mean"] == pytest.approx(np.exp(logs.mean()))  # geometric mean
+  # Log-space t interval, t_{0.975, 1} = 12.706: exp(mean +- t * s / sqrt(2)).
+  half = 12.7062047 * logs.std(ddof=1) / np.sqrt(2)
+  assert ratio["ci95"] == [pytest.approx(np.exp(logs.mean() - half), rel=1e-6),
+                           pytest.approx(np.exp(logs.mean() + half), rel=1e-6)]
   # Final values: the last real evaluation point of each seed; peaks.
   assert vs["final"]["eval/pass@1"]["values"] == [pytest.approx(0.1), pytest.approx(0.1)]
   assert s["arms"]["arm"]["peak"]["eval/pass@1"]["median"] == pytest.approx(0.65)
