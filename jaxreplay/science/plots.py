@@ -14,6 +14,8 @@ Per sweep, in DIR/figures/:
                             best rate, the compute to reach each accuracy target over on-policy's
                             (geometric mean over paired seeds, 95% t interval band), with the
                             lines 1.0 (as much as on-policy) and 0.6 (the project's goal)
+  SWEEP_frontier_to_target.png  the same for each family's frontier (its fastest rate per target
+                            and seed) against on-policy's frontier
 """
 from __future__ import annotations
 
@@ -231,19 +233,21 @@ def plot_grid(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
 GOAL_RATIO = 0.6  # issue 37's goal: every target with <= 0.6x on-policy's compute
 
 
-def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
-                           ) -> Optional[str]:
-  """Per family (`summary.families[F].compute_to_target`): ratio to the baseline family's compute
-  vs the target, the 95% t interval as a band, horizontal lines at 1.0 and GOAL_RATIO."""
+def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: dict[str, str],
+                           key: str = "compute_to_target") -> Optional[str]:
+  """Per family (`summary.families[F][key]`: "compute_to_target", each family's best rate against
+  the baseline's, or "frontier_to_target", each family's fastest rate per target and seed against
+  the baseline's): ratio to the baseline family's compute vs the target, the 95% t interval as a
+  band, horizontal lines at 1.0 and GOAL_RATIO."""
   summ = sweep["summary"]
-  families = {f: v for f, v in summ.get("families", {}).items() if v.get("compute_to_target")}
+  families = {f: v for f, v in summ.get("families", {}).items() if v.get(key)}
   if not families:
     return None
   base = summ.get("family_targets", {}).get("baseline_family") or "on-policy"
   fig, axes = _new_figure(1, width=7.5, height=4.5)
   ax, drawn = axes[0], False
   for fam, v in families.items():
-    entries = v["compute_to_target"]
+    entries = v[key]
     x = np.array([e["target"] for e in entries], np.float64)
     y = _arr([e["ratio"] for e in entries])
     lo, hi = _arr([e["ci95"][0] for e in entries]), _arr([e["ci95"][1] for e in entries])
@@ -251,8 +255,10 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
     if not ok.any():
       continue
     seeds = ", ".join(str(e["reached_seeds"]) for e in entries)
+    which = (f"at lr {v['best_lr']:.3g}" if key == "compute_to_target" else
+             f"over {len(v.get('frontier_arms', []))} rates")
     line, = ax.plot(x[ok], y[ok], marker="o", markersize=4,
-                    label=f"{fam} at lr {v['best_lr']:.3g} (seeds reaching: {seeds})")
+                    label=f"{fam} {which} (seeds reaching: {seeds})")
     band = ok & ~np.isnan(lo) & ~np.isnan(hi)
     ax.fill_between(x[band], lo[band], hi[band], color=line.get_color(), alpha=0.15)
     drawn = True
@@ -265,9 +271,10 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
   ax.set_ylabel(f"compute to reach the target / {base}'s compute (ratio)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize="small")
+  how = (f"ratio to {base} at its best learning rate" if key == "compute_to_target" else
+         f"ratio of each family's fastest learning rate per target to {base}'s (frontiers)")
   _title(fig, f"{name}: compute (device-seconds) each design needs to reach each accuracy, as a "
-         f"ratio to {base} at its best learning rate; geometric mean over paired seeds with its "
-         "95% t interval")
+         f"{how}; geometric mean over paired seeds with its 95% t interval")
   return _save(fig, path)
 
 
@@ -292,8 +299,9 @@ def plot_sweep(name: str, sweep: dict[str, Any], out_dir: str) -> list[str]:
   if sweep.get("figure") in extra:
     paths.append(extra[sweep["figure"]](
         name, sweep, os.path.join(out_dir, f"{name}_{sweep['figure']}.png"), words))
-  paths.append(plot_compute_to_target(name, sweep,
-                                      os.path.join(out_dir, f"{name}_compute_to_target.png"), words))
+  for key in ("compute_to_target", "frontier_to_target"):
+    paths.append(plot_compute_to_target(name, sweep, os.path.join(out_dir, f"{name}_{key}.png"),
+                                        words, key))
   return [p for p in paths if p]
 
 

@@ -117,6 +117,19 @@ def family_table(summ: dict[str, Any]) -> list[str]:
       row.append("-" if e["ratio"] is None else
                  f"{e['ratio']:.2f} [{_f(lo, 2)}, {_f(hi, 2)}] ({e['reached_seeds']})")
     lines.append("| " + " | ".join(row) + " |")
+  lines += ["", f"Frontiers: per seed, each family's least compute to the target over its rates "
+            f"with >= {stats_lib.MIN_SEEDS} seeds, against {ft.get('baseline_family', 'baseline')}'s "
+            "frontier at the same seed, over the seeds every one of those rates has. Cells: "
+            "geometric mean [95% t interval] (seeds reaching / seeds).", "",
+            "| family | rates | " + " | ".join(f"frontier to {t:.3f}" for t in targets) + " |",
+            "|" + "---|" * (2 + len(targets))]
+  for fam, f in families.items():
+    row = [fam, ", ".join(f.get("frontier_arms", [])) or "-"]
+    for e in f.get("frontier_to_target", []):
+      lo, hi = e["ci95"]
+      row.append("-" if e["ratio"] is None else
+                 f"{e['ratio']:.2f} [{_f(lo, 2)}, {_f(hi, 2)}] ({e['reached_seeds']}/{e['seeds']})")
+    lines.append("| " + " | ".join(row) + " |")
   return lines + [""]
 
 

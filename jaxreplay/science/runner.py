@@ -493,6 +493,7 @@ def build_results(out: str) -> dict[str, Any]:
       families = stats_lib.family_summary(summary["arms"], plan["arms"])
       base_family = plan["arms"].get(plan["baseline"], {}).get("family")
       targets = stats_lib.add_compute_to_target(families, curves, base_family)
+      stats_lib.add_frontier_to_target(families, curves, plan["arms"], base_family, targets)
       summary["families"] = families
       summary["family_targets"] = {"baseline_family": base_family, "targets": targets,
                                    "rule": stats_lib.TARGET_RULE}

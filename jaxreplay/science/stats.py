@@ -27,12 +27,16 @@ Methods (issue 37: fit for 4-8 seeds):
                        baseline family's final accuracy: start + i / 4 * (final - start), i = 1..4,
                        start = the median first evaluation of every finished run, final = the
                        median final pass@1 of the baseline family (on-policy) at its best rate
-                       (`family_targets`, rounded to 4 decimals).
+                       (`family_targets`, rounded down to 4 decimals).
   ratio to on-policy   for each target, each family's best-rate arm against the baseline
                        family's best-rate arm, paired by seed over the seeds where both reach the
                        target: the geometric mean of the per-seed ratios, exp(mean log ratio), with
                        the 95% t interval of the mean log ratio mapped through exp
                        (`compute_ratios`); "reached_seeds" counts those seeds.
+  frontier ratio       as "ratio to on-policy", but each family over its frontier instead of its
+                       best-rate arm: per seed the least compute any of its rates needs for the
+                       target, against the baseline family's frontier at the same seed, over the
+                       seeds every rate of both has (`add_frontier_to_target`).
 """
 from __future__ import annotations
 
@@ -513,7 +517,10 @@ def family_targets(curves: Mapping[str, Mapping[int, Sequence[Row]]],
   start, final = float(np.median(firsts)), float(baseline["final_pass1"]["median"])
   if final <= start:
     return []
-  return [round(start + i / count * (final - start), 4) for i in range(1, count + 1)]
+  # Rounded down to 4 decimals: rounding up could put the last target above the final accuracy
+  # it stands for (0.98486 -> 0.9849), out of reach of the run that defines it.
+  return [math.floor((start + i / count * (final - start)) * 1e4 + 1e-6) / 1e4
+          for i in range(1, count + 1)]
 
 
 def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence[Row]],
@@ -553,3 +560,66 @@ def add_compute_to_target(families: dict[str, dict[str, Any]],
         compute_ratios(curves.get(fam["best_arm"], {}), curves.get(base["best_arm"], {}),
                        targets, metric) if base is not None else [])
   return targets
+
+
+def frontier_arms(curves: Mapping[str, Mapping[int, Sequence[Row]]],
+                  plan_arms: Mapping[str, Mapping[str, Any]], family: str) -> list[str]:
+  """A family's arms that its frontier is taken over: those with >= MIN_SEEDS finished seeds
+  (all finished arms of the family when none has that many), sorted by name."""
+  members = sorted(a for a, spec in plan_arms.items()
+                   if spec.get("family") == family and curves.get(a))
+  return [a for a in members if len(curves[a]) >= MIN_SEEDS] or members
+
+
+def _frontier_point(curves: Mapping[str, Mapping[int, Sequence[Row]]], arms: Sequence[str],
+                    seed: int, target: float, metric: str) -> tuple[Optional[float], Optional[str]]:
+  """(least compute any of `arms` at `seed` needs to reach `target`, that arm); (None, None) when
+  none reaches it."""
+  best: tuple[Optional[float], Optional[str]] = (None, None)
+  for a in arms:
+    c = compute_to_target(*series(curves[a][seed], metric), target)
+    if c is not None and (best[0] is None or c < best[0]):
+      best = (c, a)
+  return best
+
+
+def add_frontier_to_target(families: dict[str, dict[str, Any]],
+                           curves: Mapping[str, Mapping[int, Sequence[Row]]],
+                           plan_arms: Mapping[str, Mapping[str, Any]],
+                           baseline_family: Optional[str], targets: Sequence[float],
+                           metric: str = PRIMARY) -> None:
+  """The frontier reading of each family against the baseline family (the stricter comparison:
+  on-policy tuned per target, not only at its best final rate).
+
+  Per seed and target, a family's frontier is the least compute any of its `frontier_arms` needs
+  to reach the target (the best learning rate for that target and seed). Only seeds that every one
+  of those arms of both families has finished count, so both frontiers are minima over the same
+  rates at every seed. Adds to each family "frontier_arms" and "frontier_to_target": [{"target",
+  "ratio" (geometric mean of the per-seed frontier ratios, `paired_ratio`), "ci95" (log-space t
+  interval), "reached_seeds" (seeds where both frontiers reach it), "seeds" (seeds counted),
+  "values" (per-seed ratio, None where either never reaches it), "arms" (per seed [the family's
+  arm, the baseline's arm] that reached it first)}]; [] without a baseline family."""
+  if baseline_family not in families:
+    for fam in families.values():
+      fam["frontier_arms"], fam["frontier_to_target"] = [], []
+    return
+  base_arms = frontier_arms(curves, plan_arms, baseline_family)
+  for name, fam in families.items():
+    arms = frontier_arms(curves, plan_arms, name)
+    both = arms + base_arms
+    seeds = sorted(set.intersection(*(set(curves[a]) for a in both))) if both else []
+    entries = []
+    for t in targets:
+      ratios, which = [], []
+      for sd in seeds:
+        c, a = _frontier_point(curves, arms, sd, t, metric)
+        b, ba = _frontier_point(curves, base_arms, sd, t, metric)
+        ratios.append(c / b if c is not None and b is not None and b > 0 else None)
+        which.append([a, ba])
+      p = paired_ratio(ratios)
+      entries.append({"target": float(t), "ratio": json_number(p["mean"]) if p["n"] else None,
+                      "ci95": [None if x is None else json_number(x) for x in p["ci95"]],
+                      "reached_seeds": p["n"], "seeds": len(seeds), "values": p["values"],
+                      "arms": which})
+    fam["frontier_arms"], fam["frontier_to_target"] = arms, entries
+

@@ -25,6 +25,7 @@ def _sweep():
                           "onpolicy_3e-05")
   fams = st.family_summary(summ["arms"], plan)
   targets = st.add_compute_to_target(fams, curves, "onpolicy")
+  st.add_frontier_to_target(fams, curves, plan, "onpolicy", targets)
   summ["families"] = fams
   summ["family_targets"] = {"baseline_family": "onpolicy", "targets": targets,
                             "rule": st.TARGET_RULE}
@@ -45,6 +46,7 @@ def test_compute_to_target_figure_is_written(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   written = plots.plot_sweep("pareto", sweep, str(tmp_path / "figs"))
   assert str(tmp_path / "figs" / "pareto_compute_to_target.png") in written
+  assert str(tmp_path / "figs" / "pareto_frontier_to_target.png") in written
   sweep["summary"]["families"] = {}
   assert plots.plot_compute_to_target("pareto", sweep, str(tmp_path / "d.png"), words) is None
 

@@ -250,3 +250,52 @@ def test_compute_to_target_ratios_on_synthetic_curves():
   assert last["values"][1:] == pytest.approx([0.5, 0.25])
   assert [e["ratio"] for e in fam["onpolicy"]["compute_to_target"]] == pytest.approx([1.0] * 4)
   assert st.family_targets({"on": on}, {"final_pass1": {"median": 0.1}}) == []  # no gain
+
+
+def test_frontier_to_target_takes_each_seeds_fastest_rate_of_each_family():
+  """Straight lines from pass@1 0.2 (x in device-seconds): on-policy at two rates, replay at two
+  (one finished on seeds 0-1, one on seed 0 only, so it is left out). Hand-computed crossings of
+  the target 0.4: compute = 0.2 / slope."""
+  xs = np.linspace(0.0, 200.0, 41)
+
+  def line(slope):
+    return [{"compute_seconds": float(x), "eval/pass@1": float(min(0.2 + slope * x, 0.9))}
+            for x in xs]
+  curves = {"on_1x": {0: line(0.002), 1: line(0.004), 2: line(0.001)},   # 100, 50, 200 to 0.4
+            "on_3x": {0: line(0.004), 1: line(0.002), 2: line(0.008)},   # 50, 100, 25
+            "re_1x": {0: line(0.01), 1: line(0.002)},                    # 20, 100
+            "re_3x": {0: line(0.005), 1: line(0.005)},                   # 40, 40
+            "re_10x": {0: line(0.1)}}                                    # one seed: not counted
+  plan = {a: {"family": "onpolicy" if a.startswith("on") else "replay"} for a in curves}
+  fam = {"onpolicy": {}, "replay": {}}
+  st.add_frontier_to_target(fam, curves, plan, "onpolicy", [0.4, 0.95])
+  re = fam["replay"]
+  assert re["frontier_arms"] == ["re_1x", "re_3x"]
+  assert fam["onpolicy"]["frontier_arms"] == ["on_1x", "on_3x"]
+  e = re["frontier_to_target"][0]
+  assert e["seeds"] == 2  # seed 2: no replay arm has it
+  # seed 0: replay min(20, 40) = 20 (re_1x) vs on-policy min(100, 50) = 50 (on_3x): 0.4;
+  # seed 1: min(100, 40) = 40 (re_3x) vs min(50, 100) = 50 (on_1x): 0.8.
+  assert e["values"] == [pytest.approx(0.4), pytest.approx(0.8)]
+  assert e["arms"] == [["re_1x", "on_3x"], ["re_3x", "on_1x"]]
+  assert e["ratio"] == pytest.approx(np.sqrt(0.4 * 0.8))
+  logs = np.log([0.4, 0.8])
+  half = st.t_quantile(0.975, 1) * logs.std(ddof=1) / np.sqrt(2)
+  assert e["ci95"] == [pytest.approx(np.exp(logs.mean() - half)),
+                       pytest.approx(np.exp(logs.mean() + half))]
+  assert fam["onpolicy"]["frontier_to_target"][0]["values"] == [1.0, 1.0, 1.0]
+  never = re["frontier_to_target"][1]  # 0.95 is above every curve's cap
+  assert never["ratio"] is None and never["reached_seeds"] == 0 and never["values"] == [None, None]
+  fam = {"replay": {}}
+  st.add_frontier_to_target(fam, curves, plan, "onpolicy", [0.4])  # no baseline family summary
+  assert fam["replay"]["frontier_to_target"] == []
+
+
+def test_family_targets_never_round_above_the_final_accuracy():
+  """The last target is the baseline's final accuracy rounded down to 4 decimals, so the run that
+  defines it reaches it (0.98486 would round up to 0.9849)."""
+  curve = [{"compute_seconds": 0.0, "eval/pass@1": 0.224}, {"compute_seconds": 10.0,
+                                                            "eval/pass@1": 0.98486}]
+  targets = st.family_targets({"on": {0: curve}}, {"final_pass1": {"median": 0.98486}})
+  assert targets == [0.4142, 0.6044, 0.7946, 0.9848]  # 0.224 + i * 0.190215, rounded down
+  assert st.compute_to_target(*st.series(curve, st.PRIMARY), targets[-1]) is not None
