@@ -22,7 +22,10 @@ Methods (issue 37: fit for 4-8 seeds):
                        (`paired_ratio`; a t interval of the raw ratios can go below 0).
   compute to target    per seed, the compute at which the run's pass@1 curve (evaluations on the
                        sweep's dense grid) first reaches the target, linearly interpolated between
-                       the two evaluations that bracket it (`compute_to_target`).
+                       the two evaluations that bracket it (`compute_to_target`). How much the
+                       interpolation could matter is kept beside each ratio: "interp_range", the
+                       geometric mean the ratio would have if every crossing lay at the far ends
+                       of its two bracketing evaluations (`interp_range`).
   family targets       `FAMILY_TARGETS` = 4 targets equally spaced from the start to the
                        baseline family's final accuracy: start + i / 4 * (final - start), i = 1..4,
                        start = the median first evaluation of every finished run, final = the
@@ -106,6 +109,34 @@ def compute_to_target(xs: np.ndarray, ys: np.ndarray, target: float) -> Optional
     if ys[i - 1] < target <= ys[i]:
       return float(xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]))
   return None
+
+
+def target_bracket(xs: np.ndarray, ys: np.ndarray, target: float
+                   ) -> Optional[tuple[float, float]]:
+  """(xs[i-1], xs[i]): the two evaluation points between which `compute_to_target` interpolates,
+  the range the crossing could lie in whatever the curve does between them; None when it does."""
+  for i in range(1, len(xs)):
+    if ys[i - 1] < target <= ys[i]:
+      return float(xs[i - 1]), float(xs[i])
+  return None
+
+
+def interp_range(pairs: Sequence[Optional[tuple[Optional[tuple[float, float]],
+                                                Optional[tuple[float, float]]]]]
+                 ) -> list[Optional[float]]:
+  """The range a geometric mean of per-seed ratios a / b could take if each crossing lay anywhere
+  between its bracketing evaluation points: [geomean of a_lo / b_hi, geomean of a_hi / b_lo] over
+  the seeds where both brackets exist (`pairs`: per seed (a's bracket, b's bracket) or None)."""
+  lo, hi = [], []
+  for p in pairs:
+    if p is None or p[0] is None or p[1] is None or p[1][0] <= 0:
+      continue
+    (a_lo, a_hi), (b_lo, b_hi) = p
+    lo.append(math.log(a_lo / b_hi) if a_lo > 0 else -math.inf)
+    hi.append(math.log(a_hi / b_lo))
+  if not lo:
+    return [None, None]
+  return [json_number(math.exp(float(np.mean(lo)))), json_number(math.exp(float(np.mean(hi))))]
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -528,15 +559,18 @@ def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence
   """Per target, compute to reach it of `arm`'s seeds over `base`'s at the same seed (the module
   docstring's rule): [{"target", "ratio" (geometric mean), "ci95" (exp of the t interval of the
   mean log ratio), "reached_seeds" (seeds where both reach it), "seeds" (seeds both have),
-  "values" (per-seed ratio, None where either never reaches it)}]."""
+  "values" (per-seed ratio, None where either never reaches it), "interp_range" (`interp_range`:
+  what the ratio could be if interpolation were wrong anywhere within the grid)}]."""
   seeds = sorted(set(arm) & set(base))
   out = []
   for t in targets:
-    ratios = []
+    ratios, brackets = [], []
     for sd in seeds:
       a = compute_to_target(*series(arm[sd], metric), t)
       b = compute_to_target(*series(base[sd], metric), t)
       ratios.append(a / b if a is not None and b is not None and b > 0 else None)
+      brackets.append((target_bracket(*series(arm[sd], metric), t),
+                       target_bracket(*series(base[sd], metric), t)) if ratios[-1] else None)
     logs = [math.log(r) for r in ratios if r is not None]
     lo, hi = t_interval(logs)
     out.append({"target": float(t),
@@ -544,7 +578,8 @@ def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence
                 "ci95": [None if lo is None else json_number(math.exp(lo)),
                          None if hi is None else json_number(math.exp(hi))],
                 "reached_seeds": len(logs), "seeds": len(seeds),
-                "values": [json_number(r) if r is not None else None for r in ratios]})
+                "values": [json_number(r) if r is not None else None for r in ratios],
+                "interp_range": interp_range(brackets)})
   return out
 
 
@@ -583,6 +618,14 @@ def _frontier_point(curves: Mapping[str, Mapping[int, Sequence[Row]]], arms: Seq
   return best
 
 
+def _frontier_bracket(curves: Mapping[str, Mapping[int, Sequence[Row]]], arms: Sequence[str],
+                      seed: int, target: float, metric: str) -> Optional[tuple[float, float]]:
+  """The range the frontier's crossing could lie in: (least lower, least upper) bracketing point
+  over the arms that reach the target."""
+  br = [b for b in (target_bracket(*series(curves[a][seed], metric), target) for a in arms) if b]
+  return (min(b[0] for b in br), min(b[1] for b in br)) if br else None
+
+
 def add_frontier_to_target(families: dict[str, dict[str, Any]],
                            curves: Mapping[str, Mapping[int, Sequence[Row]]],
                            plan_arms: Mapping[str, Mapping[str, Any]],
@@ -598,7 +641,8 @@ def add_frontier_to_target(families: dict[str, dict[str, Any]],
   "ratio" (geometric mean of the per-seed frontier ratios, `paired_ratio`), "ci95" (log-space t
   interval), "reached_seeds" (seeds where both frontiers reach it), "seeds" (seeds counted),
   "values" (per-seed ratio, None where either never reaches it), "arms" (per seed [the family's
-  arm, the baseline's arm] that reached it first)}]; [] without a baseline family."""
+  arm, the baseline's arm] that reached it first), "interp_range" (as in `compute_ratios`)}]; []
+  without a baseline family."""
   if baseline_family not in families:
     for fam in families.values():
       fam["frontier_arms"], fam["frontier_to_target"] = [], []
@@ -610,16 +654,19 @@ def add_frontier_to_target(families: dict[str, dict[str, Any]],
     seeds = sorted(set.intersection(*(set(curves[a]) for a in both))) if both else []
     entries = []
     for t in targets:
-      ratios, which = [], []
+      ratios, which, brackets = [], [], []
       for sd in seeds:
         c, a = _frontier_point(curves, arms, sd, t, metric)
         b, ba = _frontier_point(curves, base_arms, sd, t, metric)
         ratios.append(c / b if c is not None and b is not None and b > 0 else None)
         which.append([a, ba])
+        brackets.append((_frontier_bracket(curves, arms, sd, t, metric),
+                         _frontier_bracket(curves, base_arms, sd, t, metric))
+                        if ratios[-1] else None)
       p = paired_ratio(ratios)
       entries.append({"target": float(t), "ratio": json_number(p["mean"]) if p["n"] else None,
                       "ci95": [None if x is None else json_number(x) for x in p["ci95"]],
                       "reached_seeds": p["n"], "seeds": len(seeds), "values": p["values"],
-                      "arms": which})
+                      "arms": which, "interp_range": interp_range(brackets)})
     fam["frontier_arms"], fam["frontier_to_target"] = arms, entries
 

@@ -279,6 +279,7 @@ def test_frontier_to_target_takes_each_seeds_fastest_rate_of_each_family():
   assert e["values"] == [pytest.approx(0.4), pytest.approx(0.8)]
   assert e["arms"] == [["re_1x", "on_3x"], ["re_3x", "on_1x"]]
   assert e["ratio"] == pytest.approx(np.sqrt(0.4 * 0.8))
+  assert e["interp_range"][0] <= e["ratio"] <= e["interp_range"][1]
   logs = np.log([0.4, 0.8])
   half = st.t_quantile(0.975, 1) * logs.std(ddof=1) / np.sqrt(2)
   assert e["ci95"] == [pytest.approx(np.exp(logs.mean() - half)),
@@ -299,3 +300,22 @@ def test_family_targets_never_round_above_the_final_accuracy():
   targets = st.family_targets({"on": {0: curve}}, {"final_pass1": {"median": 0.98486}})
   assert targets == [0.4142, 0.6044, 0.7946, 0.9848]  # 0.224 + i * 0.190215, rounded down
   assert st.compute_to_target(*st.series(curve, st.PRIMARY), targets[-1]) is not None
+
+
+def test_interp_range_bounds_a_ratio_by_its_bracketing_evaluations():
+  """A crossing interpolated between evaluations at 10 and 20 device-seconds could lie anywhere
+  in [10, 20]; the ratio a / b of two such crossings anywhere in [a_lo / b_hi, a_hi / b_lo]."""
+  xs, ys = np.array([0.0, 10.0, 20.0, 40.0]), np.array([0.1, 0.3, 0.5, 0.6])
+  assert st.target_bracket(xs, ys, 0.4) == (10.0, 20.0)
+  assert st.target_bracket(xs, ys, 0.05) is None and st.target_bracket(xs, ys, 0.7) is None
+  assert st.compute_to_target(xs, ys, 0.4) == pytest.approx(15.0)
+  # seed 0: a in [10, 20], b in [20, 40]; seed 1: a in [5, 10], b in [10, 20]; seed 2: no pair.
+  r = st.interp_range([((10.0, 20.0), (20.0, 40.0)), ((5.0, 10.0), (10.0, 20.0)), None])
+  assert r == [pytest.approx(np.sqrt(10 / 40 * 5 / 20)), pytest.approx(np.sqrt(20 / 20 * 10 / 10))]
+  assert st.interp_range([None, ((1.0, 2.0), None)]) == [None, None]
+  on = {0: [{"compute_seconds": float(x), "eval/pass@1": float(y)} for x, y in zip(xs, ys)]}
+  fast = {0: [{"compute_seconds": float(x) / 2, "eval/pass@1": float(y)} for x, y in zip(xs, ys)]}
+  (e,) = st.compute_ratios(fast, on, [0.4])
+  assert e["ratio"] == pytest.approx(0.5)
+  assert e["interp_range"] == [pytest.approx(5 / 20), pytest.approx(10 / 10)]
+  assert e["interp_range"][0] <= e["ratio"] <= e["interp_range"][1]
