@@ -53,7 +53,8 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
            f"Command: `{sweep.get('command', '')}`.", ""]
   if not arms:
     return lines + ["No finished run yet.", ""]
-  head = ["arm", "seeds", "final pass@1", "peak pass@1", "final pass@1 - baseline"]
+  head = ["arm", "seeds", "final pass@1", "peak pass@1", "final pass@1 - baseline",
+          "last-quarter gain"]
   if pk:
     head += [f"final {pk[5:]}", f"final {pk[5:]} - baseline"]
   head += ["final entropy", "replay ratio", "batch staleness", "steps"]
@@ -64,7 +65,8 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
       continue
     s, vs = arms[arm], arms[arm].get("vs_baseline", {})
     row = [arm, str(len(s["seeds"])), _q(s["final"].get(stats_lib.PRIMARY)),
-           _q(s["peak"].get(stats_lib.PRIMARY)), _p(vs.get("final", {}).get(stats_lib.PRIMARY))]
+           _q(s["peak"].get(stats_lib.PRIMARY)), _p(vs.get("final", {}).get(stats_lib.PRIMARY)),
+           _q(s.get("last_quarter_gain"))]
     if pk:
       row += [_q(s["final"].get(pk)), _p(vs.get("final", {}).get(pk))]
     st = s.get("run_stats", {})

@@ -314,7 +314,9 @@ def auto_targets(first: Sequence[float], baseline_peaks: Sequence[float],
 def run_points(curve: Sequence[Row], grid: Sequence[float], metrics: Sequence[str],
                targets: Sequence[float]) -> dict[str, Any]:
   """One run's numbers: each metric on the grid, final (last eval point) and peak values, the
-  compute of the peak, and compute to each target of the primary metric."""
+  compute of the peak, the primary metric's gain over the last quarter of the run's compute (final
+  minus its value at 3/4 of the final compute, interpolated; issue 37's test that a budget is long
+  enough: on-policy's is < 0.01), and compute to each target of the primary metric."""
   out: dict[str, Any] = {"grid": {}, "final": {}, "peak": {}}
   xs_primary = series(curve, PRIMARY)[0]
   # The evaluation a grid point triggered: the first one at or past it.
@@ -332,6 +334,10 @@ def run_points(curve: Sequence[Row], grid: Sequence[float], metrics: Sequence[st
   xs, ys = series(curve, PRIMARY)
   out["peak_compute"] = float(xs[int(np.argmax(ys))]) if len(ys) else None
   out["final_compute"] = float(xs[-1]) if len(xs) else None
+  # Has the run flattened? The primary metric's gain over the last quarter of its compute.
+  three_quarters = interp(xs, ys, 0.75 * float(xs[-1])) if len(xs) else None
+  out["last_quarter_gain"] = (float(ys[-1]) - three_quarters
+                              if three_quarters is not None else None)
   out["to_target"] = {f"{t:.3f}": compute_to_target(xs, ys, t) for t in targets}
   return out
 
@@ -356,6 +362,10 @@ def arm_summary(points: Mapping[int, Mapping[str, Any]], run_stats: Mapping[int,
     s["peak"][m] = quantiles([points[k]["peak"][m] for k in seeds])
   s["peak_compute"] = quantiles([points[k]["peak_compute"] for k in seeds])
   s["final_compute"] = quantiles([points[k]["final_compute"] for k in seeds])
+  gains = [points[k].get("last_quarter_gain") for k in seeds]
+  known = [g for g in gains if g is not None]
+  s["last_quarter_gain"] = {**quantiles(gains), "values": gains,
+                            "mean": float(np.mean(known)) if known else None}
   pk = passk_keys(metrics)
   cols = [s["final"][key] for _, key in pk]
   s["passk_final"] = {"k": [k for k, _ in pk], **{q: [c[q] for c in cols]

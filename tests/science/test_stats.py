@@ -156,6 +156,11 @@ def test_sparse_metric_is_not_interpolated_across_skipped_evaluations():
   assert p["grid"]["eval/pass@2"][1] is None                       # not drawn at that point
   assert p["grid"]["eval/pass@2"][2] == pytest.approx(0.3 + 0.4 * 20 / 21)
   assert p["final"]["eval/pass@2"] == 0.7
+  # Last quarter: from 0.75 * 21 = 15.75, between (11, 0.4) and (21, 0.6): 0.495, to 0.6.
+  assert p["last_quarter_gain"] == pytest.approx(0.6 - (0.4 + 0.2 * 4.75 / 10))
+  flat = st.arm_summary({0: p, 1: {**p, "last_quarter_gain": -0.005}}, {}, ["eval/pass@1"], 3)
+  assert flat["last_quarter_gain"]["values"] == [pytest.approx(0.105), -0.005]
+  assert flat["last_quarter_gain"]["mean"] == pytest.approx(0.05)
 
 
 def test_frontier_ratios_take_each_seeds_best_arm_per_family():
