@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from jaxreplay.science import families as families_lib
 from jaxreplay.science import stats as stats_lib
 
 
@@ -140,7 +141,7 @@ def frontier_table(sweep: dict[str, Any], targets: Sequence[float]) -> list[str]
   families = {a: spec.get("family") or a for a, spec in sweep["arms"].items()}
   if not {"replay", "onpolicy"} <= set(families.values()):
     return []
-  fr = stats_lib.frontier_ratios(sweep["summary"]["arms"], families, targets, "replay", "onpolicy")
+  fr = families_lib.frontier_ratios(sweep["summary"]["arms"], families, targets, "replay", "onpolicy")
   lines = ["Frontier (Fig. 4): per seed, the least compute any arm of a family needs to reach the "
            "target (its best learning rate for that seed); ratio = replay / on-policy, geometric "
            "mean over seeds [95% t interval].", "",

@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import ml_collections
 
+from jaxreplay.science import families as families_lib
 from jaxreplay.science import report as report_lib
 from jaxreplay.science import stats as stats_lib
 from jaxreplay.infra import metric_writers as metrics_lib
@@ -490,10 +491,10 @@ def build_results(out: str) -> dict[str, Any]:
         curves, run_stats, plan["grid"], {a: v["baseline"] for a, v in plan["arms"].items()},
         plan["baseline"])
     if any(a.get("family") for a in plan["arms"].values()):
-      families = stats_lib.family_summary(summary["arms"], plan["arms"])
+      families = families_lib.family_summary(summary["arms"], plan["arms"])
       base_family = plan["arms"].get(plan["baseline"], {}).get("family")
-      targets = stats_lib.add_compute_to_target(families, curves, base_family)
-      stats_lib.add_frontier_to_target(families, curves, plan["arms"], base_family, targets)
+      targets = families_lib.add_compute_to_target(families, curves, base_family)
+      families_lib.add_frontier_to_target(families, curves, plan["arms"], base_family, targets)
       summary["families"] = families
       summary["family_targets"] = {"baseline_family": base_family, "targets": targets,
                                    "rule": stats_lib.TARGET_RULE}

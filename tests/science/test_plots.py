@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from jaxreplay.science import plots
+from jaxreplay.science import families as fm
 from jaxreplay.science import stats as st
 
 
@@ -23,9 +24,9 @@ def _sweep():
                    "baseline": "onpolicy_3e-05", "tags": {}}
   summ = st.sweep_summary(curves, {}, list(xs), {a: v["baseline"] for a, v in plan.items()},
                           "onpolicy_3e-05")
-  fams = st.family_summary(summ["arms"], plan)
-  targets = st.add_compute_to_target(fams, curves, "onpolicy")
-  st.add_frontier_to_target(fams, curves, plan, "onpolicy", targets)
+  fams = fm.family_summary(summ["arms"], plan)
+  targets = fm.add_compute_to_target(fams, curves, "onpolicy")
+  fm.add_frontier_to_target(fams, curves, plan, "onpolicy", targets)
   summ["families"] = fams
   summ["family_targets"] = {"baseline_family": "onpolicy", "targets": targets,
                             "rule": st.TARGET_RULE}
