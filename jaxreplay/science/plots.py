@@ -231,6 +231,7 @@ def plot_grid(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
 
 
 GOAL_RATIO = 0.6  # issue 37's goal: every target with <= 0.6x on-policy's compute
+RATIO_AXIS = (0.125, 8.0)  # the compute-ratio figures' y range (log axis)
 
 
 def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: dict[str, str],
@@ -244,7 +245,7 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
   if not families:
     return None
   base = summ.get("family_targets", {}).get("baseline_family") or "on-policy"
-  fig, axes = _new_figure(1, width=7.5, height=4.5)
+  fig, axes = _new_figure(1, width=11.0, height=4.8)
   ax, drawn = axes[0], False
   for fam, v in families.items():
     entries = v[key]
@@ -256,7 +257,7 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
       continue
     seeds = ", ".join(str(e["reached_seeds"]) for e in entries)
     which = (f"at lr {v['best_lr']:.3g}" if key == "compute_to_target" else
-             f"over {len(v.get('frontier_arms', []))} rates")
+             f"over {len(v.get('frontier_arms', []))} rate(s)")
     line, = ax.plot(x[ok], y[ok], marker="o", markersize=4,
                     label=f"{fam} {which} (seeds reaching: {seeds})")
     band = ok & ~np.isnan(lo) & ~np.isnan(hi)
@@ -268,9 +269,17 @@ def plot_compute_to_target(name: str, sweep: dict[str, Any], path: str, words: d
   ax.axhline(GOAL_RATIO, color="black", linestyle="--", linewidth=1.0,
              label=f"{GOAL_RATIO}: the goal (<= {GOAL_RATIO}x {base}'s compute)")
   ax.set_xlabel(f"target accuracy: {words['pass1']} on {words['pass1_problems']}")
-  ax.set_ylabel(f"compute to reach the target / {base}'s compute (ratio)")
+  # Ratios and their (log-space) intervals are symmetric on a log axis; a 2-seed interval can span
+  # 100x, so the axis is held to [1/8, 8] and a band beyond it is cut at the frame.
+  ax.set_yscale("log")
+  ax.set_ylim(RATIO_AXIS)
+  ticks = [0.125, 0.25, 0.5, GOAL_RATIO, 1.0, 2.0, 4.0, 8.0]
+  ax.set_yticks(ticks)
+  ax.set_yticklabels([f"{t:g}" for t in ticks])
+  ax.minorticks_off()
+  ax.set_ylabel(f"compute to the target / {base}'s (ratio, log scale)")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
+  ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
   how = (f"ratio to {base} at its best learning rate" if key == "compute_to_target" else
          f"ratio of each family's fastest learning rate per target to {base}'s (frontiers)")
   _title(fig, f"{name}: compute (device-seconds) each design needs to reach each accuracy, as a "
