@@ -30,8 +30,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from jaxreplay.science.stats import (FAMILY_TARGETS, MIN_SEEDS, PRIMARY, Row,
-                                     compute_to_target, interp_range, json_number, paired,
-                                     paired_ratio, series, t_interval, target_bracket)
+                                     compute_to_target, interp_range, json_number,
+                                     paired_ratio, series, target_bracket)
 
 
 def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str, str],
@@ -72,13 +72,9 @@ def frontier_ratios(arms: Mapping[str, Mapping[str, Any]], families: Mapping[str
         c, a = min(cands) if cands else (math.inf, None)
         best[family].append(c)
         best_arm[family].append(a)
-    logs = [math.log(n / d) for n, d in zip(best[numerator], best[denominator])
-            if math.isfinite(n) and math.isfinite(d)]
-    p = paired(logs)
-    lo, hi = p["ci95"]
-    ratio = {"n": p["n"], "geomean": math.exp(p["mean"]) if logs else None,
-             "ci95": [math.exp(lo) if lo is not None else None,
-                      math.exp(hi) if hi is not None else None]}
+    p = paired_ratio([n / d if math.isfinite(n) and math.isfinite(d) else None
+                      for n, d in zip(best[numerator], best[denominator])])
+    ratio = {"n": p["n"], "geomean": p["mean"], "ci95": p["ci95"]}
     out[key] = {numerator: [json_number(x) for x in best[numerator]],
                 denominator: [json_number(x) for x in best[denominator]],
                 "ratio": ratio, "arms": best_arm}
@@ -164,26 +160,11 @@ def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence
   mean log ratio), "reached_seeds" (seeds where both reach it), "seeds" (seeds both have),
   "values" (per-seed ratio, None where either never reaches it), "interp_range" (`interp_range`:
   what the ratio could be if interpolation were wrong anywhere within the grid)}]."""
-  seeds = sorted(set(arm) & set(base))
-  out = []
-  for t in targets:
-    ratios, brackets = [], []
-    for sd in seeds:
-      a = compute_to_target(*series(arm[sd], metric), t)
-      b = compute_to_target(*series(base[sd], metric), t)
-      ratios.append(a / b if a is not None and b is not None and b > 0 else None)
-      brackets.append((target_bracket(*series(arm[sd], metric), t),
-                       target_bracket(*series(base[sd], metric), t)) if ratios[-1] else None)
-    logs = [math.log(r) for r in ratios if r is not None]
-    lo, hi = t_interval(logs)
-    out.append({"target": float(t),
-                "ratio": json_number(math.exp(float(np.mean(logs)))) if logs else None,
-                "ci95": [None if lo is None else json_number(math.exp(lo)),
-                         None if hi is None else json_number(math.exp(hi))],
-                "reached_seeds": len(logs), "seeds": len(seeds),
-                "values": [json_number(r) if r is not None else None for r in ratios],
-                "interp_range": interp_range(brackets)})
-  return out
+  entries = _ratio_entries({"arm": arm}, {"base": base}, sorted(set(arm) & set(base)), targets,
+                           metric)
+  for e in entries:
+    del e["arms"]  # always ("arm", "base")
+  return entries
 
 
 def add_compute_to_target(families: dict[str, dict[str, Any]],
@@ -209,24 +190,46 @@ def frontier_arms(curves: Mapping[str, Mapping[int, Sequence[Row]]],
   return [a for a in members if len(curves[a]) >= MIN_SEEDS] or members
 
 
-def _frontier_point(curves: Mapping[str, Mapping[int, Sequence[Row]]], arms: Sequence[str],
-                    seed: int, target: float, metric: str) -> tuple[Optional[float], Optional[str]]:
-  """(least compute any of `arms` at `seed` needs to reach `target`, that arm); (None, None) when
-  none reaches it."""
+def _first_crossing(curves: Mapping[str, Sequence[Row]], target: float, metric: str
+                    ) -> tuple[Optional[float], Optional[str], Optional[tuple[float, float]]]:
+  """Over the arms' curves at one seed ({arm: curve}): the least compute any needs to reach
+  `target`, that arm, and the range the least crossing could lie in (least lower, least upper
+  bracketing evaluation over the arms that reach it); Nones when none reaches it."""
   best: tuple[Optional[float], Optional[str]] = (None, None)
-  for a in arms:
-    c = compute_to_target(*series(curves[a][seed], metric), target)
-    if c is not None and (best[0] is None or c < best[0]):
+  brackets = []
+  for a, curve in curves.items():
+    xs, ys = series(curve, metric)
+    c = compute_to_target(xs, ys, target)
+    if c is None:
+      continue
+    brackets.append(target_bracket(xs, ys, target))
+    if best[0] is None or c < best[0]:
       best = (c, a)
-  return best
+  bracket = (min(b[0] for b in brackets), min(b[1] for b in brackets)) if brackets else None
+  return best[0], best[1], bracket
 
 
-def _frontier_bracket(curves: Mapping[str, Mapping[int, Sequence[Row]]], arms: Sequence[str],
-                      seed: int, target: float, metric: str) -> Optional[tuple[float, float]]:
-  """The range the frontier's crossing could lie in: (least lower, least upper) bracketing point
-  over the arms that reach the target."""
-  br = [b for b in (target_bracket(*series(curves[a][seed], metric), target) for a in arms) if b]
-  return (min(b[0] for b in br), min(b[1] for b in br)) if br else None
+def _ratio_entries(num: Mapping[str, Mapping[int, Sequence[Row]]],
+                   den: Mapping[str, Mapping[int, Sequence[Row]]], seeds: Sequence[int],
+                   targets: Sequence[float], metric: str) -> list[dict[str, Any]]:
+  """Per target, the least compute any arm of `num` needs ({arm: {seed: curve}}) over the least
+  any arm of `den` needs, paired by seed: the entries of `compute_ratios` (one arm each) and
+  `add_frontier_to_target`, with "arms" (per seed [num's arm, den's arm] that reached it)."""
+  entries = []
+  for t in targets:
+    ratios, which, brackets = [], [], []
+    for sd in seeds:
+      c, a, a_br = _first_crossing({k: v[sd] for k, v in num.items()}, t, metric)
+      b, ba, b_br = _first_crossing({k: v[sd] for k, v in den.items()}, t, metric)
+      ratios.append(c / b if c is not None and b is not None and b > 0 else None)
+      which.append([a, ba])
+      brackets.append((a_br, b_br) if ratios[-1] else None)
+    p = paired_ratio(ratios)
+    entries.append({"target": float(t), "ratio": json_number(p["mean"]) if p["n"] else None,
+                    "ci95": [None if x is None else json_number(x) for x in p["ci95"]],
+                    "reached_seeds": p["n"], "seeds": len(seeds), "values": p["values"],
+                    "arms": which, "interp_range": interp_range(brackets)})
+  return entries
 
 
 def add_frontier_to_target(families: dict[str, dict[str, Any]],
@@ -255,21 +258,7 @@ def add_frontier_to_target(families: dict[str, dict[str, Any]],
     arms = frontier_arms(curves, plan_arms, name)
     both = arms + base_arms
     seeds = sorted(set.intersection(*(set(curves[a]) for a in both))) if both else []
-    entries = []
-    for t in targets:
-      ratios, which, brackets = [], [], []
-      for sd in seeds:
-        c, a = _frontier_point(curves, arms, sd, t, metric)
-        b, ba = _frontier_point(curves, base_arms, sd, t, metric)
-        ratios.append(c / b if c is not None and b is not None and b > 0 else None)
-        which.append([a, ba])
-        brackets.append((_frontier_bracket(curves, arms, sd, t, metric),
-                         _frontier_bracket(curves, base_arms, sd, t, metric))
-                        if ratios[-1] else None)
-      p = paired_ratio(ratios)
-      entries.append({"target": float(t), "ratio": json_number(p["mean"]) if p["n"] else None,
-                      "ci95": [None if x is None else json_number(x) for x in p["ci95"]],
-                      "reached_seeds": p["n"], "seeds": len(seeds), "values": p["values"],
-                      "arms": which, "interp_range": interp_range(brackets)})
+    entries = _ratio_entries({a: curves[a] for a in arms}, {a: curves[a] for a in base_arms},
+                             seeds, targets, metric)
     fam["frontier_arms"], fam["frontier_to_target"] = arms, entries
 

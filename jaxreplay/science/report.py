@@ -96,6 +96,13 @@ def sweep_table(name: str, sweep: dict[str, Any]) -> list[str]:
   return lines + family_table(summ)
 
 
+def _ratio_cell(e: dict[str, Any], seeds: str) -> str:
+  """ratio [ci95] (seeds) of a compute-ratio entry; "-" when no seed reached the target."""
+  if e["ratio"] is None:
+    return "-"
+  return f"{e['ratio']:.2f} [{_f(e['ci95'][0], 2)}, {_f(e['ci95'][1], 2)}] ({seeds})"
+
+
 def family_table(summ: dict[str, Any]) -> list[str]:
   """Each learning-rate family: best rate, bracket, final pass@1, the paired difference to its
   baseline arm, and compute to each family target over the baseline family's."""
@@ -115,10 +122,7 @@ def family_table(summ: dict[str, Any]) -> list[str]:
     seeds = dict(zip(f["lrs"], f.get("seeds_by_lr", [])))
     row = [fam, f"{f['best_lr']:.3g} ({seeds.get(f['best_lr'], '?')})",
            "yes" if f["bracketed"] else "no", _q(f["final_pass1"]), _p(f.get("vs_baseline"))]
-    for e in f.get("compute_to_target", []):
-      lo, hi = e["ci95"]
-      row.append("-" if e["ratio"] is None else
-                 f"{e['ratio']:.2f} [{_f(lo, 2)}, {_f(hi, 2)}] ({e['reached_seeds']})")
+    row += [_ratio_cell(e, f"{e['reached_seeds']}") for e in f.get("compute_to_target", [])]
     lines.append("| " + " | ".join(row) + " |")
   lines += ["", f"Frontiers: per seed, each family's least compute to the target over its rates "
             f"with >= {stats_lib.MIN_SEEDS} seeds, against {ft.get('baseline_family', 'baseline')}'s "
@@ -128,10 +132,8 @@ def family_table(summ: dict[str, Any]) -> list[str]:
             "|" + "---|" * (2 + len(targets))]
   for fam, f in families.items():
     row = [fam, ", ".join(f.get("frontier_arms", [])) or "-"]
-    for e in f.get("frontier_to_target", []):
-      lo, hi = e["ci95"]
-      row.append("-" if e["ratio"] is None else
-                 f"{e['ratio']:.2f} [{_f(lo, 2)}, {_f(hi, 2)}] ({e['reached_seeds']}/{e['seeds']})")
+    row += [_ratio_cell(e, f"{e['reached_seeds']}/{e['seeds']}")
+            for e in f.get("frontier_to_target", [])]
     lines.append("| " + " | ".join(row) + " |")
   return lines + [""]
 
