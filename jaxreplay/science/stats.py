@@ -86,24 +86,31 @@ def interp(xs: np.ndarray, ys: np.ndarray, x: float) -> Optional[float]:
   return float(np.interp(x, xs, ys))
 
 
+def _crossing(ys: np.ndarray, target: float) -> Optional[int]:
+  """The first i with ys[i-1] < target <= ys[i]; None when no pair of points brackets it."""
+  for i in range(1, len(ys)):
+    if ys[i - 1] < target <= ys[i]:
+      return i
+  return None
+
+
 def compute_to_target(xs: np.ndarray, ys: np.ndarray, target: float) -> Optional[float]:
   """The compute at which the curve first reaches `target`: for the first i with
   ys[i-1] < target <= ys[i], the linear interpolation between points i-1 and i. None when no pair
   of real points brackets the target (never reached, or already reached at the first point)."""
-  for i in range(1, len(xs)):
-    if ys[i - 1] < target <= ys[i]:
-      return float(xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]))
-  return None
+  i = _crossing(ys, target)
+  if i is None:
+    return None
+  return float(xs[i - 1] + (target - ys[i - 1]) / (ys[i] - ys[i - 1]) * (xs[i] - xs[i - 1]))
 
 
 def target_bracket(xs: np.ndarray, ys: np.ndarray, target: float
                    ) -> Optional[tuple[float, float]]:
   """(xs[i-1], xs[i]): the two evaluation points between which `compute_to_target` interpolates,
-  the range the crossing could lie in whatever the curve does between them; None when it does."""
-  for i in range(1, len(xs)):
-    if ys[i - 1] < target <= ys[i]:
-      return float(xs[i - 1]), float(xs[i])
-  return None
+  the range the crossing could lie in whatever the curve does between them; None when no pair of
+  points brackets the target."""
+  i = _crossing(ys, target)
+  return None if i is None else (float(xs[i - 1]), float(xs[i]))
 
 
 def interp_range(pairs: Sequence[Optional[tuple[Optional[tuple[float, float]],
