@@ -32,11 +32,11 @@ SHORTEN = (
     (r"python -m jaxreplay\.launch\b(?!.*--dry_run)",
      "--config.total_steps=6 --config.eval.num_problems=16"),
     (r"python -m jaxreplay\.sft\b", "--sft_steps=25"),  # > its 20 warm-up steps
-    (r"python bench/bench_weight_sync\.py\b", "--quick"),
+    (r"python bench/bench_weight_sync\.py\b", "--quick --transports shm"),
     (r"python bench/bench_pool_fill\.py\b", "--quick"),
     (r"python bench/bench_buffer\.py\b", "--quick"),
-    (r"python bench/profile_train_step\.py\b", "--steps 1"),
-    (r"python bench/bench_dots\.py\b", "--rounds 1 --repeats 1"),
+    (r"python bench/profile_train_step\.py\b", "--steps 1 --shapes small"),
+    (r"python bench/bench_dots\.py\b", "--rounds 1 --repeats 1 --libraries default,eigen"),
 )
 # Appended to a command that is not run (skipped, or cited in prose) to check it without running it.
 DRY = ((r"python -m jaxreplay\.experiments\b", "--dry_run"),)
