@@ -137,8 +137,8 @@ def test_the_running_sweeps_pareto_runs_keep_their_args():
 
 def test_the_multiplication_sweep():
   """`--sweep=pareto_multiplication` (issue 37 item 3): on-policy, posbias, adaptive,
-  adaptive_nobias and gradient_gate at 1x / 3x / 10x the second task's rate, 200 on-policy updates
-  of its large-batch config, its own buckets (not the scratchpad's)."""
+  adaptive_nobias, gradient_gate and fresh at 1x / 3x / 10x the second task's rate, 200 on-policy
+  updates of its large-batch config, its own buckets (not the scratchpad's)."""
   sw = sweeps.SWEEPS["pareto_multiplication"]
   assert sw.config == "configs/multiplication_large_batch.py" and sw.min_seeds == 4
   plan = runner.plan_sweep(sw, 1)
