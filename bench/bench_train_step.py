@@ -49,6 +49,7 @@ from jaxreplay.learner import batch as batch_lib  # noqa: E402
 from jaxreplay.config import defaults  # noqa: E402
 from jaxreplay.learner import optim  # noqa: E402
 from jaxreplay.infra import sharding  # noqa: E402
+from jaxreplay.learner import loss_fn as loss_fn_lib  # noqa: E402
 from jaxreplay.learner import trainer  # noqa: E402
 from jaxreplay.models import hf_io  # noqa: E402
 from jaxreplay.models import presets  # noqa: E402
@@ -136,7 +137,7 @@ class JaxStep:
                                weight_decay=tcfg.weight_decay, max_grad_norm=tcfg.max_grad_norm)
     self.state = trainer.init_train_state(cfg, opt, jax.random.PRNGKey(0), params=params, mesh=mesh)
     step = trainer.make_train_step(
-        cfg, opt, trainer.make_loss_fn("grpo", aggregation=tcfg.aggregation), mesh,
+        cfg, opt, loss_fn_lib.make_loss_fn("grpo", aggregation=tcfg.aggregation), mesh,
         trainer.state_shardings(self.state, mesh), chunk_size=tcfg.logprob_chunk,
         **step_options(tcfg))
     self.batch = batch

@@ -216,7 +216,7 @@ def base_config() -> ml_collections.ConfigDict:
                                    # log-ratio at +-20), as verl does with K = 10; 0 = off
   c.trainer.tis_cap = 0.0          # truncated IS, token weight min(pi_theta/pi_sampler, C): with
                                    # off_policy "none" it turns "tis" on; 0 = off, 2.0 is common
-                                   # (corrections.truncated_is_weights, trainer.make_loss_fn)
+                                   # (corrections.truncated_is_weights, loss_fn.make_loss_fn)
   c.trainer.off_policy = "none"    # off-policy correction (jaxreplay.learner.corrections): none |
                                    # tis | mis_token (verl's token rejection sampling) |
                                    # mis_sequence | m2po | decoupled

@@ -422,6 +422,7 @@ def trainer_errors(t, c) -> list[str]:
   from jaxreplay.learner import algorithms  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import corrections  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import optim  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import loss_fn as loss_fn_lib  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import trainer  # pylint: disable=g-import-not-at-top
   from jaxreplay.models import logprobs  # pylint: disable=g-import-not-at-top
   errors = []
@@ -447,7 +448,7 @@ def trainer_errors(t, c) -> list[str]:
                                tuple(corrections.CORRECTIONS)))
   else:
     try:  # the algorithm's options, the off-policy correction and their combination
-      trainer.loss_fn_from_config(t)
+      loss_fn_lib.loss_fn_from_config(t)
     except (ValueError, TypeError) as e:
       errors.append(str(e))
     if c.rollout.group_size < algorithms.get(t.loss).min_group_size:

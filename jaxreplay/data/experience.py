@@ -32,7 +32,7 @@ def make_advantage_fn(loss: str, options: Any = None) -> Callable:
   """rewards float32 [P, G] -> advantages float32 [P, G] of `algorithms.ALGORITHMS[loss]`.
 
   options: that algorithm's options dataclass (`algorithms.options_from_config(config.trainer)`,
-  or the run's `trainer.LossFn.options`); None: its defaults.
+  or the run's `loss_fn.LossFn.options`); None: its defaults.
   """
   algorithms.get(loss)  # an unknown name fails here, not at the first delivery
   return lambda r: np.asarray(algorithms.advantages(loss, r, options), np.float32)

@@ -11,7 +11,7 @@ Adding one (a Dr.GRPO-style loss) is those two files: `losses.py` and this one; 
 defaults go in `config/defaults.py`. Nothing outside this file names an algorithm's options:
 `options_from_config(config.trainer)` builds a run's (validation included), `advantages` computes
 the advantages at generation time (`data.experience.make_advantage_fn`, stored with each rollout)
-and `loss` the loss in the train step (`trainer.LossFn`). The statistics a loss returns are
+and `loss` the loss in the train step (`loss_fn.LossFn`). The statistics a loss returns are
 declared in `losses.AUX_KINDS`; numpy-reference tests go in `tests/learner/test_losses.py`.
 
 Off-policy corrections are a second axis (`corrections.py`, `trainer.off_policy`): `loss` hands
@@ -170,7 +170,7 @@ def loss(name: str, logprobs: Array, batch: Batch, ref_logprobs: Optional[Array]
   its per-token weights and, to a loss that clips (`Algorithm.clips`), its proximal log-probs:
   "tis" then clips against stop_gradient(logprobs) (ratio 1 in value) and weights each token by
   w = min(pi_theta / pi_sampler, C), so the gradient is -w A grad log pi_theta (see
-  `trainer.make_loss_fn`); the masks weight tokens 0 or 1.
+  `loss_fn.make_loss_fn`); the masks weight tokens 0 or 1.
 
   Args:
     logprobs: float [B, T], log pi_theta (gradients flow). batch: the `Batch` (its behaviour

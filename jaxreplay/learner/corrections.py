@@ -61,7 +61,7 @@ one.
 
 Why the current params stand in for the behaviour version's: a replay trainer keeps no snapshot of
 old params, so lr mixes the rollout's staleness and the sampler/trainer mismatch (see
-`trainer.make_loss_fn`); on fresh rollouts it is the mismatch alone.
+`loss_fn.make_loss_fn`); on fresh rollouts it is the mismatch alone.
 
 Statistics (aux; each row declares their kinds, as `losses.AUX_KINDS` does for the losses), per
 mode: tis_weight_mean,

@@ -70,6 +70,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.infra import sharding
 from jaxreplay.learner import losses
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.learner.batch import Batch
 from jaxreplay.models import logprobs as logprobs_lib
@@ -130,7 +131,7 @@ def off_policy_stats(logprobs, behaviour_logprobs, mask, segment_ids=None, eps_l
           "ratio_outside_clip": outside, "is_ess": ess}
 
 
-def make_diagnostics_fn(model_cfg, loss_fn: trainer.LossFn, mesh: Mesh, param_shardings: Any,
+def make_diagnostics_fn(model_cfg, loss_fn: loss_fn_lib.LossFn, mesh: Mesh, param_shardings: Any,
                         splits: int = 4, chunk_size: int = 512, logprob_remat: str = "auto",
                         logprob_processing=None, lora=None):
   """Jitted `fn(params, ref_params, batch) -> {DIAGNOSTIC_KEYS: float32 scalar}` (module docstring).

@@ -40,6 +40,7 @@ from jaxreplay.infra import sharding
 from jaxreplay import tasks
 from jaxreplay.tasks import tokenizer
 from jaxreplay.learner import adapters
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import lora as lora_lib
 from jaxreplay.data.experience import Intake, PromptSource, make_advantage_fn
@@ -98,7 +99,7 @@ def optimization(c):
       schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
       max_grad_norm=t.max_grad_norm)
   lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
-  loss_fn = trainer.loss_fn_from_config(t)
+  loss_fn = loss_fn_lib.loss_fn_from_config(t)
   return optimizer, lr_fn, loss_fn
 
 def load_codec(c, task, workdir: str):

@@ -52,6 +52,7 @@ from jaxreplay.infra import sharding
 from jaxreplay.learner import adapters
 from jaxreplay.learner import diagnostics
 from jaxreplay.learner import optim
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.learner.batch import Batch
 from jaxreplay.models import lora as lora_lib
@@ -187,7 +188,7 @@ def programs(c, mesh) -> list[Program]:
                                    weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
                                    max_grad_norm=t.max_grad_norm)
   lr_fn = optim.make_schedule(t.learning_rate, t.warmup_steps, c.total_steps, t.schedule)
-  loss_fn = trainer.loss_fn_from_config(t)
+  loss_fn = loss_fn_lib.loss_fn_from_config(t)
   processing = trainer.logprob_processing(c)
   spec = lora_lib.spec_from_config(c.model)
   base = None

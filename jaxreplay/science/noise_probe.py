@@ -19,7 +19,7 @@ sigma(x) = (x/tau)^alpha with alpha < 1/2. This probe measures sigma^2(s) direct
    staleness levels share their sampling noise). They are cut into n = M / B disjoint minibatches
    of B rollouts made of whole groups (so minibatches are independent given the params), and each
    minibatch's loss gradient g_b(s) is computed at theta_T: the training loss
-   (`trainer.make_loss_fn` of the config), whose importance ratio is pi_{theta_T} over the
+   (`loss_fn.make_loss_fn` of the config), whose importance ratio is pi_{theta_T} over the
    rollouts' own behaviour log-probs (those of theta_{T-s}).
 3. Estimates (every one from the Gram matrices of the flattened gradients, float64):
      var_B(s)    = 1/(n-1) sum_b ||g_b(s) - g_bar(s)||^2   unbiased variance of a B-rollout
@@ -69,6 +69,7 @@ from jaxreplay.models.config import ModelConfig
 from jaxreplay.science import noise_stats
 from jaxreplay.infra import sharding
 from jaxreplay.learner import algorithms
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.rollout.base import SamplingParams, Weights
@@ -136,7 +137,7 @@ class Parts:
   model_cfg: ModelConfig
   param_shardings: Any  # the train state's params' (one device)
   train_step: Callable
-  loss_fn: trainer.LossFn
+  loss_fn: loss_fn_lib.LossFn
   sampling: SamplingParams
   advantage_fn: Callable
   buckets: tuple
@@ -175,7 +176,7 @@ def build_parts(c, workdir: str) -> tuple[Parts, Any]:
   return parts, state
 
 
-def make_grad_fn(model_cfg, loss_fn: trainer.LossFn, chunk_size: int) -> Callable:
+def make_grad_fn(model_cfg, loss_fn: loss_fn_lib.LossFn, chunk_size: int) -> Callable:
   """Jitted `fn(params, ref_params, batch) -> (grad float32 [P], loss [], aux)`.
 
   The train step's loss (`trainer.make_train_step`'s forward: `token_logprobs` then `loss_fn`),

@@ -14,6 +14,7 @@ from jaxreplay.learner import batch as batch_lib
 from jaxreplay.config import memory_plan
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import presets
 from tests.helpers.paths import REPO
@@ -79,7 +80,7 @@ def test_activation_estimate_against_xla():
     opt = optim.make_optimizer(1e-5)
     state = jax.eval_shape(lambda: trainer.init_train_state(cfg, opt, jax.random.PRNGKey(0),
                                                             mesh=mesh))
-    step = trainer.make_train_step(cfg, opt, trainer.make_loss_fn("grpo"), mesh,
+    step = trainer.make_train_step(cfg, opt, loss_fn_lib.make_loss_fn("grpo"), mesh,
                                    trainer.state_shardings(state, mesh), chunk_size=128)
     rows, seq = 2, 512
     spec = lambda dt, *shape: jax.ShapeDtypeStruct(shape, dt)

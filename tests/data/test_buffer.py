@@ -534,14 +534,14 @@ def test_replayed_trajectory_loss_equals_its_fresh_loss(options):
   when fresh and has the same loss and statistics at the same parameters, bit for bit."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxreplay.data import collate as collate_lib  # pylint: disable=g-import-not-at-top
-  from jaxreplay.learner import trainer  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import loss_fn as loss_fn_lib  # pylint: disable=g-import-not-at-top
   from tests.helpers import trajectories  # pylint: disable=g-import-not-at-top
 
   fresh = trajectories.mixed_rollouts(seed=4, n=8)
   buf = buffer.ReplayBuffer(8, seed=1, **options)
   buf.add([dataclasses.replace(r) for r in fresh])  # uids 0..7 in order
   again = buffer.ReplayBuffer(8, seed=1, **options)
-  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.1)
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", kl_coef=0.1)
   rng = np.random.default_rng(0)
   noise = rng.normal(0, 0.3, (8, 64)).astype(np.float32)
   for use, source in [(1, buf), (2, again)]:

@@ -21,6 +21,7 @@ from jaxreplay.infra import checkpoint
 from jaxreplay.infra import checkpoint_integrity
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import presets
 from jaxreplay.models import safetensors_io
@@ -53,7 +54,7 @@ def setup():
   opt = optim.make_optimizer(1e-3, warmup_steps=2, weight_decay=0.01)
   state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(0), mesh=mesh)
   shardings = trainer.state_shardings(state, mesh)
-  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn("grpo"), mesh, shardings,
+  step = trainer.make_train_step(CFG, opt, loss_fn_lib.make_loss_fn("grpo"), mesh, shardings,
                                  chunk_size=16, compute_entropy=False)
   return mesh, opt, state, shardings, step
 

@@ -12,6 +12,7 @@ from jaxreplay.infra import sharding
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import hf_io
 from jaxreplay.models import layout
@@ -189,7 +190,7 @@ def _batch(seed=0) -> batch_lib.Batch:
 def _train(mesh, params, steps=STEPS):
   opt = optim.make_optimizer(LR, weight_decay=0.01, eps=1e-3)
   state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=params, mesh=mesh)
-  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn("grpo"), mesh,
+  step = trainer.make_train_step(CFG, opt, loss_fn_lib.make_loss_fn("grpo"), mesh,
                                  trainer.state_shardings(state, mesh), chunk_size=8,
                                  learning_rate_fn=optim.make_schedule(LR))
   rows = []

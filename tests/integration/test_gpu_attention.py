@@ -78,6 +78,7 @@ def test_train_step_gives_cudnn_no_dense_bias_for_unpacked_rows(pretend_cudnn):
   [B, 1, T, S] operand (no bias, no bias gradient); packed rows still pass the segment mask as a
   bias (counted in the memory plan)."""
   from jaxreplay.infra import sharding  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import loss_fn as loss_fn_lib  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import optim, trainer  # pylint: disable=g-import-not-at-top
   cfg = TINY.replace(dtype="bfloat16", attention="cudnn")
   rows, t = 4, 64
@@ -85,7 +86,7 @@ def test_train_step_gives_cudnn_no_dense_bias_for_unpacked_rows(pretend_cudnn):
   opt = optim.make_optimizer(1e-3)
   state = jax.eval_shape(lambda: trainer.init_train_state(cfg, opt, jax.random.PRNGKey(0),
                                                           mesh=mesh))
-  step = trainer.make_train_step(cfg, opt, trainer.make_loss_fn("grpo"), mesh,
+  step = trainer.make_train_step(cfg, opt, loss_fn_lib.make_loss_fn("grpo"), mesh,
                                  trainer.state_shardings(state, mesh), chunk_size=32, donate=False)
   packed = _packed_batch(cfg, rows, t, [[20, 30], [64], [10, 10, 10], [5]])
   single = _unpacked(_packed_batch(cfg, rows, t, [[50], [64], [12], [1]]))

@@ -24,6 +24,7 @@ from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import lora
@@ -93,7 +94,7 @@ def lora_parts(mesh, loss_fn, k=1, base_params=None, opt=None, donate=True):
 def data():
   base_params = _host(jax.jit(transformer.init_params, static_argnums=0)(CFG, jax.random.PRNGKey(0)))
   mesh = _mesh((1, 1, 1))
-  base, state, step, logprob_fn = lora_parts(mesh, trainer.make_loss_fn("grpo"), base_params=base_params)
+  base, state, step, logprob_fn = lora_parts(mesh, loss_fn_lib.make_loss_fn("grpo"), base_params=base_params)
   batch = make_batch()
   lp = np.asarray(logprob_fn(state.params, batch))
   noise = np.random.default_rng(0).normal(0.0, 0.3, lp.shape).astype(np.float32)
@@ -128,7 +129,7 @@ def test_loss_and_logprobs_equal_the_full_model_at_the_merged_weights(data):
   opt = optim.make_optimizer(LR, eps=1e-3)
   full = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["base_params"],
                                   mesh=mesh)
-  full_step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn("grpo"), mesh,
+  full_step = trainer.make_train_step(CFG, opt, loss_fn_lib.make_loss_fn("grpo"), mesh,
                                       trainer.state_shardings(full, mesh), chunk_size=CHUNK)
   _, full_metrics = full_step(full, batch)
   for key in ("loss", "entropy", "ratio_mean", "clip_fraction"):
@@ -150,7 +151,7 @@ def test_losses_microbatches_and_meshes_as_with_full_weights(data, name):
   results = []
   for mesh_shape, k in (((1, 1, 1), 1), ((1, 1, 1), 2), ((1, 4, 2), 1)):
     mesh = _mesh(mesh_shape)
-    base, state, step, _ = lora_parts(mesh, trainer.make_loss_fn(name), k, data["base_params"])
+    base, state, step, _ = lora_parts(mesh, loss_fn_lib.make_loss_fn(name), k, data["base_params"])
     if mesh_shape == (1, 4, 2):
       assert base.params["layers"]["q_proj"].sharding.spec == jax.sharding.PartitionSpec(
           None, "fsdp", "tensor")
@@ -166,7 +167,7 @@ def test_kl_reference_is_the_base(data):
   """kl_coef > 0: the reference is the base (no copy in the state): KL 0 at the first step, > 0
   once the adapters moved."""
   mesh = _mesh((1, 1, 1))
-  _, state, step, _ = lora_parts(mesh, trainer.make_loss_fn("grpo", kl_coef=0.05),
+  _, state, step, _ = lora_parts(mesh, loss_fn_lib.make_loss_fn("grpo", kl_coef=0.05),
                                  base_params=data["base_params"])
   assert state.ref_params is None
   kls = []
@@ -348,7 +349,7 @@ def test_regime_diagnostics_measure_the_adapters(data):
   from jaxreplay.models import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
   mesh = _mesh((1, 1, 1))
   base, batch, adapters = data["base"], data["batch"], data["after"].params
-  loss_fn = trainer.make_loss_fn("grpo")
+  loss_fn = loss_fn_lib.make_loss_fn("grpo")
   shardings = jax.tree.map(lambda _: sharding.replicated(mesh), adapters)
   fn = diagnostics.make_diagnostics_fn(CFG, loss_fn, mesh, shardings, splits=2, chunk_size=CHUNK,
                                        lora=base)
@@ -384,7 +385,7 @@ def _trajectory_parts(data, pack, opt=None):
   multi-turn rows (`tests.helpers.trajectories`) with behaviour log-probs near the adapted model's;
   env: bool [B, T], the environment's target positions."""
   mesh = _mesh((1, 1, 1))
-  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.05,
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", kl_coef=0.05,
                                  off_policy=corrections.OffPolicyOptions(off_policy="tis"))
   _, state, step, logprob_fn = lora_parts(mesh, loss_fn, base_params=data["base_params"], opt=opt,
                                           donate=False)

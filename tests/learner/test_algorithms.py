@@ -1,6 +1,6 @@
 """`learner.algorithms`: the table is the one place an algorithm (and, in `corrections`, a correction)
 is added. A toy algorithm and a toy correction, added to the tables and nowhere else, run through
-the config validation, `trainer.make_loss_fn`, the advantages and one jitted train step."""
+the config validation, `loss_fn.make_loss_fn`, the advantages and one jitted train step."""
 import dataclasses
 
 import jax
@@ -17,6 +17,7 @@ from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import presets
 from jaxreplay.models import transformer
@@ -102,7 +103,7 @@ def test_a_toy_algorithm_and_correction_run_from_their_table_rows_alone():
     c = defaults.base_config()
     c.trainer.loss, c.trainer.off_policy = "toy", "halve"
     validation.validate_config(c)
-    assert trainer.loss_fn_from_config(c.trainer) == trainer.make_loss_fn(
+    assert loss_fn_lib.loss_fn_from_config(c.trainer) == loss_fn_lib.make_loss_fn(
         "toy", ToyOptions(), off_policy=corrections.OffPolicyOptions("halve"))
     # An option of the toy set under another loss is refused, naming it (and the reverse).
     with pytest.raises(ValueError, match="trainer.toy_scale=2.0 is an option of loss 'toy'"):
@@ -119,7 +120,7 @@ def test_a_toy_algorithm_and_correction_run_from_their_table_rows_alone():
     batch = batch._replace(advantages=adv.reshape(-1).astype(np.float32))
 
     # make_loss_fn and one jitted, sharded train step with the toy loss and correction.
-    loss_fn = trainer.make_loss_fn("toy", options,
+    loss_fn = loss_fn_lib.make_loss_fn("toy", options,
                                    off_policy=corrections.OffPolicyOptions("halve"))
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     params = jax.jit(transformer.init_params, static_argnums=0)(CFG, jax.random.PRNGKey(0))
@@ -140,7 +141,7 @@ def test_a_toy_algorithm_and_correction_run_from_their_table_rows_alone():
     assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
   assert "toy" not in algorithms.ALGORITHMS and "halve" not in corrections.CORRECTIONS
   with pytest.raises(ValueError, match="loss 'toy' is unknown"):
-    trainer.make_loss_fn("toy")
+    loss_fn_lib.make_loss_fn("toy")
   with pytest.raises(ValueError, match="trainer.off_policy='halve'"):
     corrections.OffPolicyOptions("halve")
 

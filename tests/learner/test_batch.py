@@ -17,6 +17,7 @@ from jaxreplay.infra import sharding
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import corrections
 from jaxreplay.learner import optim
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.learner.batch import Rollout
 from tests.helpers import trajectories
@@ -66,7 +67,7 @@ def test_env_tokens_get_zero_gradient_and_enter_no_statistic(name, off_policy, p
   env = trajectories.env_positions(rollouts, **kw)
   policy = batch.completion_mask > 0
   assert env.sum() > 10 and policy.sum() > 20  # both kinds of token are there
-  loss_fn = trainer.make_loss_fn(name, kl_coef=0.1, off_policy=off_policy)
+  loss_fn = loss_fn_lib.make_loss_fn(name, kl_coef=0.1, off_policy=off_policy)
   rng = np.random.default_rng(0)
   # Current log-probs near the behaviour ones (ratios on both sides of the clip), a reference.
   lp = np.where(policy, batch.behaviour_logprobs + rng.normal(0, 0.4, env.shape),
@@ -105,7 +106,7 @@ def step_setup():
   opt = optim.make_optimizer(optim.make_schedule(1e-3))
   state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=params, mesh=mesh,
                                    with_ref_params=True)
-  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.05,
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", kl_coef=0.05,
                                  off_policy=corrections.OffPolicyOptions(off_policy="tis"))
   step = trainer.make_train_step(CFG, opt, loss_fn, mesh, trainer.state_shardings(state, mesh),
                                  chunk_size=32, donate=False)

@@ -13,7 +13,7 @@ import pytest
 from jaxreplay.learner import algorithms
 from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
-from jaxreplay.learner import trainer
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from tests.helpers import tolerances
 
 CAP, THRESHOLD = 1.8, 0.1
@@ -391,18 +391,18 @@ class OptionsTest(chex.TestCase):
     t = defaults.base_config().trainer
     self.assertEqual(corrections.options_from_config(t), corrections.OffPolicyOptions())
     t.off_policy, t.off_policy_cap, t.m2po_threshold = "m2po", 3.0, 0.02
-    loss_fn = trainer.loss_fn_from_config(t)
+    loss_fn = loss_fn_lib.loss_fn_from_config(t)
     self.assertEqual(loss_fn.off_policy, corrections.OffPolicyOptions("m2po", 3.0, 0.02))
     hash(loss_fn)  # a jit static
     self.assertEqual(set(corrections.option_names()) - set(t), set())
     t.loss = "asymre"
-    self.assertEqual(trainer.loss_fn_from_config(t).off_policy.mode, "m2po")
+    self.assertEqual(loss_fn_lib.loss_fn_from_config(t).off_policy.mode, "m2po")
     # GRPO's clip against pi_theta itself needs both clip sides > 0
     with pytest.raises(ValueError, match="off_policy='decoupled' needs eps_low > 0"):
-      trainer.make_loss_fn("grpo", algorithms.GrpoOptions(eps_low=0.0),
+      loss_fn_lib.make_loss_fn("grpo", algorithms.GrpoOptions(eps_low=0.0),
                            off_policy=corrections.OffPolicyOptions("decoupled"))
-    trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions("decoupled"))
-    trainer.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
+    loss_fn_lib.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions("decoupled"))
+    loss_fn_lib.make_loss_fn("asymre", off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
 
 
 class PartialRolloutsTest(chex.TestCase):

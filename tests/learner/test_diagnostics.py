@@ -9,7 +9,7 @@ import pytest
 
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.learner import diagnostics
-from jaxreplay.learner import trainer
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.models import logprobs as logprobs_lib
 from tests.helpers import tolerances
 from tests.helpers import trajectories
@@ -67,7 +67,7 @@ def test_gradient_norms_equal_direct_gradients(setup, aggregation):
   """grad_sq_big is |grad of the whole batch's loss|^2 and grad_sq_small the mean of each
   micro-batch's own loss gradient norm^2, computed here with jax.grad directly."""
   mesh, params, shardings, batch = setup
-  loss_fn = trainer.make_loss_fn("grpo", aggregation=aggregation)
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", aggregation=aggregation)
   k = 2
   fn = diagnostics.make_diagnostics_fn(CFG, loss_fn, mesh, shardings, splits=k, chunk_size=16)
   got = jax.device_get(fn(params, None, batch))
@@ -123,10 +123,10 @@ def test_packed_micro_batches_against_per_rollout_gradients(setup, aggregation):
   packed = collate_lib.collate(rollouts, buckets=(64,), pack=True, batch_size=8)
   rows, t = packed.tokens.shape
   k = rows
-  loss_fn = trainer.make_loss_fn("grpo", aggregation=aggregation)
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", aggregation=aggregation)
   got = jax.device_get(diagnostics.make_diagnostics_fn(CFG, loss_fn, mesh, shardings, splits=k,
                                                        chunk_size=16)(params, None, packed))
-  sum_loss = trainer.make_loss_fn("grpo", aggregation="constant", normalizer=1.0)
+  sum_loss = loss_fn_lib.make_loss_fn("grpo", aggregation="constant", normalizer=1.0)
 
   def summed_loss(p, b):  # L_s: the rollout's summed token loss
     lp = logprobs_lib.token_logprobs(CFG, p, b.tokens, b.targets, b.positions, b.segment_ids)

@@ -15,7 +15,7 @@ from jaxreplay.learner import batch as batch_lib
 from jaxreplay.learner import corrections
 from jaxreplay.data import experience
 from jaxreplay.learner import losses
-from jaxreplay.learner import trainer
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from tests.helpers import tolerances
 from tests.helpers.loss_references import (
     EPS_HIGH, EPS_LOW, np_aggregate, np_asymre_advantages, np_dual_clip_and_kl, np_grpo_advantages,
@@ -641,7 +641,7 @@ class ConventionsTest(chex.TestCase):
     lp, blp, adv, ref, mask = (x[k] for k in ("logprobs", "behaviour_logprobs", "advantages",
                                               "ref_logprobs", "mask"))
     kl_coef, normalizer = 0.3, 40.0
-    loss_fn = trainer.make_loss_fn(
+    loss_fn = loss_fn_lib.make_loss_fn(
         "grpo", algorithms.GrpoOptions(eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip=dual_clip),
         kl_coef=kl_coef, kl_clamp=kl_clamp)
 
@@ -691,4 +691,4 @@ class ConventionsTest(chex.TestCase):
     with pytest.raises(ValueError, match="trainer.dual_clip=1.0"):
       algorithms.GrpoOptions(dual_clip=1.0)
     with pytest.raises(ValueError, match="trainer.kl_clamp=-2"):
-      trainer.make_loss_fn(kl_clamp=-2.0)
+      loss_fn_lib.make_loss_fn(kl_clamp=-2.0)

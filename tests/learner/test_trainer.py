@@ -19,6 +19,7 @@ from jaxreplay.learner import corrections
 from jaxreplay.learner import losses
 from jaxreplay.learner import optim
 from jaxreplay.infra import sharding
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner import trainer
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.models import transformer
@@ -83,7 +84,7 @@ def data():
   logprob_fn = trainer.make_logprob_fn(CFG, mesh1, sharding.param_shardings(params, mesh1), CHUNK)
   batch = make_batch()
   batch = with_behaviour(batch, np.asarray(logprob_fn(params, batch)))
-  loss_fn = trainer.make_loss_fn("grpo")
+  loss_fn = loss_fn_lib.make_loss_fn("grpo")
   opt = _optimizer()
   state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=params, mesh=mesh1)
   step = trainer.make_train_step(CFG, opt, loss_fn, mesh1, trainer.state_shardings(state, mesh1),
@@ -202,7 +203,7 @@ def test_microbatches_token_mean_equal_the_big_batch(data):
 def test_microbatches_other_aggregations(data, name, aggregation):
   """k = 2 micro-batches against the loss and gradient of the whole batch, computed directly."""
   batch = data["batch"]
-  loss_fn = trainer.make_loss_fn(name, aggregation=aggregation)
+  loss_fn = loss_fn_lib.make_loss_fn(name, aggregation=aggregation)
 
   @jax.jit
   def direct(params):
@@ -230,7 +231,7 @@ def test_grpo_with_kl_learns_on_a_fixed_batch(data):
   opt = optim.make_optimizer(sched)
   state = trainer.init_train_state(CFG, opt, jax.random.PRNGKey(1), params=data["params"], mesh=mesh,
                                    with_ref_params=True)
-  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn("grpo", kl_coef=0.01), mesh,
+  step = trainer.make_train_step(CFG, opt, loss_fn_lib.make_loss_fn("grpo", kl_coef=0.01), mesh,
                                  trainer.state_shardings(state, mesh), chunk_size=CHUNK,
                                  learning_rate_fn=sched, compute_entropy=False)
   batch = data["batch"]
@@ -275,29 +276,29 @@ def test_errors(data):
   step = trainer.make_train_step(CFG, opt, data["loss_fn"], mesh, shardings, num_microbatches=3)
   with pytest.raises(ValueError, match="multiple of num_microbatches"):
     step(state, data["batch"])
-  step = trainer.make_train_step(CFG, opt, trainer.make_loss_fn(kl_coef=0.1), mesh, shardings)
+  step = trainer.make_train_step(CFG, opt, loss_fn_lib.make_loss_fn(kl_coef=0.1), mesh, shardings)
   with pytest.raises(ValueError, match="with_ref_params=True"):
     step(state, data["batch"])
   with pytest.raises(ValueError, match="num_microbatches"):
     trainer.make_train_step(CFG, opt, data["loss_fn"], mesh, shardings, num_microbatches=0)
   with pytest.raises(ValueError, match="unknown"):
-    trainer.make_loss_fn("ppo")
+    loss_fn_lib.make_loss_fn("ppo")
   with pytest.raises(ValueError, match="aggregation"):
-    trainer.make_loss_fn(aggregation="sum")
+    loss_fn_lib.make_loss_fn(aggregation="sum")
   with pytest.raises(TypeError, match="loss 'asymre' takes AsymreOptions, got GrpoOptions"):
-    trainer.make_loss_fn("asymre", algorithms.GrpoOptions(eps_high=0.3))
+    loss_fn_lib.make_loss_fn("asymre", algorithms.GrpoOptions(eps_high=0.3))
   with pytest.raises(ValueError, match="tis_cap=-1.0"):
-    trainer.make_loss_fn(off_policy=corrections.OffPolicyOptions(tis_cap=-1.0))
+    loss_fn_lib.make_loss_fn(off_policy=corrections.OffPolicyOptions(tis_cap=-1.0))
   with pytest.raises(ValueError, match="eps_low > 0 and eps_high > 0"):
-    trainer.make_loss_fn("grpo", algorithms.GrpoOptions(eps_high=0.0),
+    loss_fn_lib.make_loss_fn("grpo", algorithms.GrpoOptions(eps_high=0.0),
                          off_policy=corrections.OffPolicyOptions(tis_cap=2.0))
   with pytest.raises(ValueError, match="kl_clamp=-1.0"):
-    trainer.make_loss_fn(kl_clamp=-1.0)
+    loss_fn_lib.make_loss_fn(kl_clamp=-1.0)
   with pytest.raises(ValueError, match="normalizer"):
-    trainer.make_loss_fn(normalizer=10.0)
-  with pytest.raises(TypeError, match="trainer.LossFn.*make_loss_fn.*function"):
+    loss_fn_lib.make_loss_fn(normalizer=10.0)
+  with pytest.raises(TypeError, match="loss_fn.LossFn.*make_loss_fn.*function"):
     trainer.make_train_step(CFG, opt, losses.grpo_loss, mesh, shardings)
-  with pytest.raises(TypeError, match="trainer.LossFn"):
+  with pytest.raises(TypeError, match="loss_fn.LossFn"):
     trainer.make_train_step(CFG, opt, lambda lp, batch, ref=None: data["loss_fn"](lp, batch, ref),
                             mesh, shardings)
 
@@ -334,7 +335,7 @@ TIS_CAP = 1.2  # small enough that the noisy behaviour log-probs of `data` trunc
 def test_tis_step_matches_the_formula(data):
   """tis_cap = C: loss = token mean of -min(pi_theta / pi_sampler, C) A, with its gradient."""
   batch = data["batch"]
-  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
 
   @jax.jit
   def direct_grads(params):
@@ -366,7 +367,7 @@ def test_tis_microbatches_equal_the_whole_batch(data):
   """With TIS on, k = 3 micro-batches of 2 rows == one 6-row batch (one row is all padding)."""
   rows = np.array([0, 1, 2, 3, 4, B - 1])
   batch = jax.tree.map(lambda x: x[rows], data["batch"])
-  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(tis_cap=TIS_CAP))
   _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
   _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
   assert {"tis_weight_mean", "tis_truncated_fraction"} <= set(got)
@@ -386,7 +387,7 @@ def test_corrections_in_the_step_and_microbatches(data, mode, key, cap):
   holds whole rows); m2po thresholds each micro-batch (its statistics still combine exactly)."""
   rows = np.array([0, 1, 2, 3, 4, B - 1])
   batch = jax.tree.map(lambda x: x[rows], data["batch"])
-  loss_fn = trainer.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", off_policy=corrections.OffPolicyOptions(
       mode, off_policy_cap=cap, m2po_threshold=0.02))
   _, whole, want = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn)
   _, micro, got = run_one_step(_mesh((1, 1, 1)), data["params"], batch, loss_fn, k=3)
@@ -540,7 +541,7 @@ def test_packed_batch_same_loss_aux_and_grads(data, name, aggregation):
   assert packed.packed and not unpacked.packed
   assert packed.tokens.shape[0] < unpacked.tokens.shape[0], "the test must pack something"
   assert np.max(packed.segment_ids) >= 2
-  loss_fn = trainer.make_loss_fn(name, aggregation=aggregation)
+  loss_fn = loss_fn_lib.make_loss_fn(name, aggregation=aggregation)
   (loss_u, aux_u), grads_u = _loss_and_grads(data["params"], unpacked, loss_fn)
   (loss_p, aux_p), grads_p = _loss_and_grads(data["params"], packed, loss_fn)
   assert set(aux_u) == set(aux_p)
@@ -565,7 +566,7 @@ def test_packed_train_step_with_microbatches_equals_unpacked(data, aggregation):
   packed = collate.collate(rollouts, buckets=(T,), batch_size=len(rollouts), pack=True,
                            row_multiple=multiple)
   assert packed.tokens.shape[0] % multiple == 0 and packed.tokens.shape[0] < len(rollouts)
-  loss_fn = trainer.make_loss_fn("grpo", aggregation=aggregation)
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", aggregation=aggregation)
   _, after_u, metrics_u = run_one_step(_mesh((1, 1, 1)), data["params"], unpacked, loss_fn)
   _, after_p, metrics_p = run_one_step(mesh, data["params"], packed, loss_fn, k=2)
   assert set(metrics_p) == set(metrics_u)

@@ -9,7 +9,7 @@ import pytest
 from jaxreplay.data import collate as collate_lib
 from jaxreplay.data import reuse
 from jaxreplay.learner import corrections
-from jaxreplay.learner import trainer
+from jaxreplay.learner import loss_fn as loss_fn_lib
 from jaxreplay.learner.batch import Rollout
 from jaxreplay.models import logprobs as logprobs_lib
 from jaxreplay.run import regime
@@ -69,7 +69,7 @@ def test_regime_diagnostics_measure_and_restore(setup):
   rollouts = [Rollout(np.array([1, 2, 3]), np.array([4, 5]), np.array([-1.0, -2.0]), 1.0, 0.5, 0, 0)
               for _ in range(3)]
   make = lambda: regime.RegimeDiagnostics(
-      CFG, trainer.make_loss_fn(), mesh, shardings, every=2, splits=4, probe_rollouts=2,
+      CFG, loss_fn_lib.make_loss_fn(), mesh, shardings, every=2, splits=4, probe_rollouts=2,
       chunk_size=16, collate=lambda rs: collate_lib.collate(rs, buckets=(8,)))
   diag = make()
   assert diag.due(0) and not diag.due(1)
@@ -100,7 +100,7 @@ def test_reuse_controller_reads_only_the_policys_tokens(setup, pack):
   kw = dict(buckets=(64,), pack=pack, batch_size=8)
   env = trajectories.env_positions(rollouts, **kw)
   updated = jax.tree.map(lambda x: x * 1.01, params)  # the policy after "an update"
-  loss_fn = trainer.make_loss_fn("grpo", kl_coef=0.05,
+  loss_fn = loss_fn_lib.make_loss_fn("grpo", kl_coef=0.05,
                                  off_policy=corrections.OffPolicyOptions(off_policy="tis"))
 
   def batch_of(rs):
