@@ -421,8 +421,8 @@ def trainer_errors(t, c) -> list[str]:
   """trainer.*: the loss and its options (their dataclass), the schedule, the step's options."""
   from jaxreplay.learner import algorithms  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import corrections  # pylint: disable=g-import-not-at-top
-  from jaxreplay.learner import optim  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import loss_fn as loss_fn_lib  # pylint: disable=g-import-not-at-top
+  from jaxreplay.learner import optim  # pylint: disable=g-import-not-at-top
   from jaxreplay.learner import trainer  # pylint: disable=g-import-not-at-top
   from jaxreplay.models import logprobs  # pylint: disable=g-import-not-at-top
   errors = []

@@ -69,8 +69,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxreplay.infra import sharding
-from jaxreplay.learner import losses
 from jaxreplay.learner import loss_fn as loss_fn_lib
+from jaxreplay.learner import losses
 from jaxreplay.learner import trainer
 from jaxreplay.learner.batch import Batch
 from jaxreplay.models import logprobs as logprobs_lib
