@@ -59,6 +59,7 @@ ELEMENTS: dict[str, tuple[type, Optional[float]]] = {
     "eval.ks": (int, 1),
     "eval.compute_grid": (float, 0.0),
     "eval.passk_grid": (float, 0.0),
+    "eval.refine_levels": (float, 0.0),
     "model.lora_targets": (str, None),
     "sft.slip_range": (float, 0.0),
 }
@@ -97,6 +98,11 @@ NO_EFFECT: dict[str, NoEffect] = {
     "buffer.on_policy_order": NoEffect(lambda c: not c.buffer.on_policy,
                                        "buffer.on_policy=False (a replay buffer, not a queue)",
                                        "set buffer.on_policy=True, or leave it at its default"),
+    **{f"eval.{k}": NoEffect(lambda c: not c.eval.refine_levels or not c.eval.compute_grid,
+                             "eval.refine_levels or eval.compute_grid is empty (no refinement)",
+                             "set eval.refine_levels and eval.compute_grid, or leave it at its "
+                             "default")
+       for k in ("refine_band", "refine_splits")},
     "trainer.m2po_threshold": NoEffect(lambda c: c.trainer.off_policy != "m2po",
                                        "trainer.off_policy is not 'm2po'",
                                        "set trainer.off_policy='m2po', or leave it at its default"),

@@ -549,6 +549,17 @@ def eval_errors(e) -> list[str]:
   if e.passk_grid and not set(e.passk_grid) <= set(e.compute_grid):
     errors.append(f"eval.passk_grid={tuple(e.passk_grid)} must be a subset of "
                   f"eval.compute_grid={tuple(e.compute_grid)}")
+  if e.refine_levels and not e.compute_grid:
+    errors.append(f"eval.refine_levels={tuple(e.refine_levels)} refines eval.compute_grid, which is "
+                  "empty: set eval.compute_grid (device-seconds) or drop eval.refine_levels")
+  if e.refine_levels and not all(0 < x <= 1 for x in e.refine_levels):
+    errors.append(f"eval.refine_levels={tuple(e.refine_levels)} must be pass@1 values in (0, 1]")
+  if not e.refine_band > 0:
+    errors.append(f"eval.refine_band={e.refine_band} must be > 0 (pass@1 below a level at which "
+                  "refinement starts; e.g. 0.05)")
+  if e.refine_splits < 2:
+    errors.append(f"eval.refine_splits={e.refine_splits} must be >= 2 (the parts of a refined "
+                  "grid interval; e.g. 4)")
   if e.backend not in backend_table.EVAL_BACKENDS:
     errors.append(choice_error("eval.backend", e.backend, backend_table.EVAL_BACKENDS,
                                "auto: the rollout engines when rollout.backend='vllm', else the "

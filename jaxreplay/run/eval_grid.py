@@ -7,6 +7,14 @@ sync schedules, measured under async) or, without a grid, every `eval.every` ste
 samples; the others measure pass@1. The state a resumed run needs (the next grid point, the
 compute axis at the last step's end) is `state_dict()`, saved under the checkpoint host state's
 "eval_grid" key (the same keys as before this class existed).
+
+Refinement near pass@1 levels (`eval.refine_levels`, for compute-to-target readings): after each
+evaluation (`observe`), when a level lies above the pass@1 just measured but within reach of it
+(`eval.refine_band`, or twice the last rise if larger: the curve's pace), the grid interval ahead is
+split into `eval.refine_splits` geometric parts, so that the crossing is read between points
+(grid ratio)^(1/splits) apart instead of a whole grid step. Only an interval between two points of
+the configured grid is split (the parts are not split again); the added points draw pass@1 only.
+Evaluation samples its own noise, so the added points change no update of the run.
 """
 from __future__ import annotations
 
@@ -20,11 +28,20 @@ class EvalGrid:
     compute_grid: the compute points [device-seconds] to evaluate at (any order; () for none).
     passk_grid: the compute points whose evaluations draw pass@k samples (() for all).
     every: without a compute grid, evaluate every this many steps (0: never, but the last step).
+    refine_levels: pass@1 values whose crossing is read on a finer grid (module docstring; () for
+      none). refine_band: how far below a level [pass@1] a measurement starts the refinement.
+    refine_splits: the parts a refined grid interval is split into (>= 2).
   """
 
   def __init__(self, compute_grid: Sequence[float] = (), passk_grid: Sequence[float] = (),
-               every: int = 0):
+               every: int = 0, refine_levels: Sequence[float] = (), refine_band: float = 0.05,
+               refine_splits: int = 4):
     self.points = sorted(float(x) for x in compute_grid)
+    self.base_points = frozenset(self.points)  # the configured grid (refinement adds others)
+    self.refine_levels = tuple(sorted(float(x) for x in refine_levels))
+    self.refine_band, self.refine_splits = float(refine_band), int(refine_splits)
+    self.added: list[float] = []  # the points refinement added, in the order it added them
+    self.last_pass1: float | None = None  # the newest grid evaluation's pass@1
     self.next = 0  # index of the next compute-grid point to evaluate at
     self.passk_points = {float(x) for x in passk_grid}
     self.every = int(every)
@@ -34,7 +51,30 @@ class EvalGrid:
   @classmethod
   def from_config(cls, eval_config) -> "EvalGrid":
     """The grid of `config.eval`."""
-    return cls(eval_config.compute_grid, eval_config.passk_grid, eval_config.every)
+    return cls(eval_config.compute_grid, eval_config.passk_grid, eval_config.every,
+               eval_config.get("refine_levels", ()), eval_config.get("refine_band", 0.05),
+               eval_config.get("refine_splits", 4))
+
+  def observe(self, pass1: float | None) -> list[float]:
+    """After an evaluation: splits the grid interval ahead when a refine level is within reach
+    above `pass1` (module docstring). Returns the points it added ([] when none)."""
+    if pass1 is None or not self.refine_levels:
+      return []
+    previous, self.last_pass1 = self.last_pass1, float(pass1)
+    if not 0 < self.next < len(self.points) or self.refine_splits < 2:
+      return []
+    lo, hi = self.points[self.next - 1], self.points[self.next]
+    if lo <= 0 or lo not in self.base_points or hi not in self.base_points:
+      return []
+    reach = self.refine_band if previous is None else max(self.refine_band,
+                                                           2 * (self.last_pass1 - previous))
+    if not any(self.last_pass1 < level <= self.last_pass1 + reach for level in self.refine_levels):
+      return []
+    ratio = hi / lo
+    new = [lo * ratio ** (j / self.refine_splits) for j in range(1, self.refine_splits)]
+    self.points[self.next:self.next] = new
+    self.added.extend(new)
+    return new
 
   def due(self, step: int, finished: bool, compute: Callable[[], float]) -> bool:
     """Whether `step` is evaluated (the run's last step always is); moves past every grid point
@@ -48,7 +88,8 @@ class EvalGrid:
       while self.next < len(self.points) and self.points[self.next] <= now:
         crossed.append(self.points[self.next])
         self.next += 1
-      self.passk_due = not self.passk_points or any(x in self.passk_points for x in crossed)
+      self.passk_due = any(x in self.base_points and (not self.passk_points or x in self.passk_points)
+                           for x in crossed)
       return bool(crossed)
     return bool(self.every) and step % self.every == 0
 
@@ -63,8 +104,12 @@ class EvalGrid:
     self.next = sum(1 for x in self.points if x <= compute)
 
   def state_dict(self) -> dict[str, Any]:
-    """The checkpoint host state's "eval_grid": the next point and the compute at the step end."""
-    return {"next": self.next, "compute_at_step_end": self.compute_at_step_end}
+    """The checkpoint host state's "eval_grid": the next point and the compute at the step end
+    (with refine levels also the added points and the last pass@1)."""
+    state: dict[str, Any] = {"next": self.next, "compute_at_step_end": self.compute_at_step_end}
+    if self.refine_levels:
+      state.update(added=list(self.added), last_pass1=self.last_pass1)
+    return state
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     """Restores `state_dict()` (also one written before this class: the same keys). The points up
@@ -72,5 +117,10 @@ class EvalGrid:
     moving past the points it crossed, and a run resumed to a longer budget (a grid that goes on,
     `science.sweeps.extended_grid`) must not evaluate them again at its next step."""
     self.compute_at_step_end = float(state["compute_at_step_end"])
+    if self.refine_levels and state.get("added"):
+      self.added = [float(x) for x in state["added"]]
+      self.points = sorted(set(self.base_points).union(self.added))
+    if self.refine_levels and state.get("last_pass1") is not None:
+      self.last_pass1 = float(state["last_pass1"])
     crossed = sum(1 for x in self.points if x <= self.compute_at_step_end)
     self.next = max(int(state["next"]), crossed)

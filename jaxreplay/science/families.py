@@ -169,11 +169,13 @@ def compute_ratios(arm: Mapping[int, Sequence[Row]], base: Mapping[int, Sequence
 
 def add_compute_to_target(families: dict[str, dict[str, Any]],
                           curves: Mapping[str, Mapping[int, Sequence[Row]]],
-                          baseline_family: Optional[str], metric: str = PRIMARY) -> list[float]:
+                          baseline_family: Optional[str], metric: str = PRIMARY,
+                          fixed: Optional[Sequence[float]] = None) -> list[float]:
   """Adds "compute_to_target" (`compute_ratios` of its best arm against the baseline family's best
-  arm at `family_targets`) to every family of `family_summary`'s result; returns the targets."""
+  arm at `family_targets`, or at the `fixed` targets of a sweep that has them) to every family of
+  `family_summary`'s result; returns the targets."""
   base = families.get(baseline_family or "")
-  targets = family_targets(curves, base, metric)
+  targets = [float(t) for t in fixed] if fixed else family_targets(curves, base, metric)
   for fam in families.values():
     fam["compute_to_target"] = (
         compute_ratios(curves.get(fam["best_arm"], {}), curves.get(base["best_arm"], {}),

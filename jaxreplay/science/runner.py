@@ -197,6 +197,8 @@ def plan_sweep(sweep: sweeps_lib.Sweep, seeds: int, quick: bool = False,
           "grid": list(grid if extended is None else extended), "seeds": list(range(seeds)),
           "quick": quick, "baseline": sweep.baseline, "figure": sweep.figure,
           "figure_x": sweep.figure_x, "arms": arms, "specs": specs}
+  if sweep.targets:
+    plan["targets"] = list(sweep.targets)
   if extended is not None:
     plan["extends"] = {"budget": budget, "grid": list(grid)}
   return plan
@@ -493,11 +495,13 @@ def build_results(out: str) -> dict[str, Any]:
     if any(a.get("family") for a in plan["arms"].values()):
       families = families_lib.family_summary(summary["arms"], plan["arms"])
       base_family = plan["arms"].get(plan["baseline"], {}).get("family")
-      targets = families_lib.add_compute_to_target(families, curves, base_family)
+      targets = families_lib.add_compute_to_target(families, curves, base_family,
+                                                   fixed=plan.get("targets"))
       families_lib.add_frontier_to_target(families, curves, plan["arms"], base_family, targets)
       summary["families"] = families
       summary["family_targets"] = {"baseline_family": base_family, "targets": targets,
-                                   "rule": stats_lib.TARGET_RULE}
+                                   "rule": (stats_lib.TARGET_RULE if not plan.get("targets") else
+                                            "fixed by the sweep (sweeps.DENSE_TARGETS)")}
     results["sweeps"][name] = {k: v for k, v in plan.items() if k != "runs"}
     results["sweeps"][name]["finished_runs"] = sum(len(v) for v in curves.values())
     results["sweeps"][name]["planned_runs"] = len(plan["runs"])

@@ -1,5 +1,6 @@
 """`EvalGrid`: which steps are evaluated, pass@k points, and its checkpointed state."""
 import ml_collections
+import numpy as np
 
 from jaxreplay.run.eval_grid import EvalGrid
 
@@ -59,3 +60,54 @@ def test_a_finished_run_resumed_to_a_longer_grid_evaluates_only_the_new_points()
   assert not longer.due(6, False, lambda: 45.0)   # 40 is not evaluated a second time
   assert longer.due(7, False, lambda: 52.0) and not longer.passk_due and longer.next == 4
   assert longer.due(9, True, lambda: 61.0) and longer.passk_due
+
+
+def test_refinement_splits_the_interval_ahead_when_a_level_is_within_reach():
+  """Hand-computed: grid 10, 20, 40, 80 with a level at 0.5, band 0.05, 4 splits. At 10 pass@1 0.30
+  (no rise yet: reach 0.05) nothing is added; at 20 0.42 (reach 2 x 0.12 = 0.24 covers 0.5) the
+  interval 20 -> 40 is split at 20 x 2^(1/4), 20 x 2^(1/2), 20 x 2^(3/4); those points are pass@1
+  only, and the parts are not split again."""
+  grid = EvalGrid((10.0, 20.0, 40.0, 80.0), passk_grid=(80.0,), refine_levels=(0.5,),
+                  refine_band=0.05, refine_splits=4)
+  assert grid.start() and grid.observe(0.2) == []  # step 0: no interval behind it
+  assert grid.due(1, False, lambda: 10.5) and grid.observe(0.30) == []
+  assert grid.due(2, False, lambda: 20.5)
+  added = grid.observe(0.42)
+  np.testing.assert_allclose(added, [20 * 2 ** 0.25, 20 * 2 ** 0.5, 20 * 2 ** 0.75])
+  np.testing.assert_allclose(grid.points, [10, 20, *added, 40, 80])
+  assert grid.due(3, False, lambda: 24.0) and not grid.passk_due
+  assert grid.observe(0.49) == []  # an added point: its interval is not split again
+  assert grid.due(4, False, lambda: 34.0) and grid.next == 5  # crossed 28.3 and 33.6 at once
+  assert grid.observe(0.52) == []
+  assert grid.due(5, False, lambda: 41.0) and grid.observe(0.55) == []  # 0.5 is behind: no split
+  assert grid.due(6, False, lambda: 81.0) and grid.passk_due
+
+
+def test_refinement_only_near_a_level_and_its_state_resumes():
+  grid = EvalGrid((10.0, 20.0, 40.0), refine_levels=(0.9,), refine_band=0.05)
+  grid.start()
+  grid.observe(0.1)
+  grid.due(1, False, lambda: 10.0)
+  assert grid.observe(0.12) == []  # 0.9 is beyond 0.12 + max(0.05, 2 x 0.02)
+  grid.due(2, False, lambda: 20.0)
+  assert len(grid.observe(0.86)) == 3  # within the band below 0.9
+  grid.due(3, False, lambda: 24.0)
+  grid.compute_at_step_end = 24.0
+  state = grid.state_dict()
+  assert set(state) == {"next", "compute_at_step_end", "added", "last_pass1"}
+  resumed = EvalGrid((10.0, 20.0, 40.0), refine_levels=(0.9,), refine_band=0.05)
+  resumed.load_state_dict(state)
+  assert resumed.points == grid.points and resumed.next == grid.next == 3
+  assert resumed.last_pass1 == 0.86
+  assert [resumed.due(s, False, lambda x=x: x) for s, x in ((4, 28.0), (5, 34.0), (6, 40.0))] == \
+      [False, True, True]
+
+
+def test_refinement_adds_no_pass_k_draws_without_a_passk_grid():
+  """With passk_grid () every configured point draws pass@k; the added ones never do."""
+  grid = EvalGrid((10.0, 20.0, 40.0), refine_levels=(0.5,))
+  grid.due(1, False, lambda: 20.0)
+  assert grid.passk_due
+  grid.observe(0.48)
+  assert grid.due(2, False, lambda: 24.0) and not grid.passk_due
+  assert grid.due(3, False, lambda: 40.0) and grid.passk_due

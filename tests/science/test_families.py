@@ -100,6 +100,11 @@ def test_compute_to_target_ratios_on_synthetic_curves():
   assert last["values"][1:] == pytest.approx([0.5, 0.25])
   assert [e["ratio"] for e in fam["onpolicy"]["compute_to_target"]] == pytest.approx([1.0] * 4)
   assert fm.family_targets({"on": on}, {"final_pass1": {"median": 0.1}}) == []  # no gain
+  # A sweep with fixed targets (sweeps.DENSE_TARGETS) reads those, not its own runs' rule.
+  fixed = fm.add_compute_to_target(fam, {"on": on, "re": re}, "onpolicy", fixed=(0.42, 0.53))
+  assert fixed == [0.42, 0.53]
+  assert [e["target"] for e in fam["replay"]["compute_to_target"]] == [0.42, 0.53]
+  assert fam["replay"]["compute_to_target"][0]["values"] == pytest.approx([0.5, 0.5, 0.25])
 
 
 def test_frontier_to_target_takes_each_seeds_fastest_rate_of_each_family():
