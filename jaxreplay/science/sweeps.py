@@ -334,8 +334,6 @@ MULTIPLICATION_CONFIG = "configs/multiplication_large_batch.py"
 # goal's "best replay design on both tasks" needs it here too.
 MULTIPLICATION_FAMILIES = ("onpolicy", "posbias", "adaptive", "adaptive_nobias", "gradient_gate",
                            "fresh")
-# The families of `pareto_multiplication_dense`: on-policy and the design closest to the goal there.
-DENSE_FAMILIES = ("onpolicy", "fresh")
 # Every family by name (`pareto_task` builds a task's decisive sweep from a list of these).
 FAMILIES: dict[str, tuple] = dict(DECISIVE_FAMILIES + NEWEST_FAMILIES)
 # The decisive protocol without what is specific to the scratchpad task (its 56-token bucket).
@@ -343,34 +341,38 @@ TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
     (k, v) for k, v in DECISIVE_PROTOCOL if k != "trainer.buckets")
 
 
-# Issue 37 item 4, a grid dense enough that interpolation does not decide a ratio: the arms of a
-# task's decisive sweep measured again with the evaluation grid refined near its targets
-# (`eval.refine_levels`: 4 parts per grid step, 2^(1/12) = 6% apart, where a target is within
-# `band` pass@1 or two rises of the last measurement). Refinement changes no update
-# (tests/integration/test_end_to_end.py), so seed k of an arm here is seed k of the decisive sweep's
-# arm, read more densely near the targets. The targets are the decisive sweep's, fixed when these
-# sweeps were added (so both sweeps read the same ones):
-# pareto_multiplication on 2026-12-07 (on-policy 3x seeds 0-3, results.json -> sweeps.
-# pareto_multiplication.summary.family_targets).
+# Issue 37 item 4, a grid dense enough that interpolation does not decide a ratio: the on-policy and
+# FreshPER arms of a decisive sweep (FreshPER: the design closest to the goal on both tasks) measured
+# again with the evaluation grid refined near its targets (`eval.refine_levels`: 4 parts per grid
+# step, 2^(1/12) = 6% apart, where a target is within `DENSE_BANDS` pass@1, a third of the targets'
+# spacing, or two rises of the last measurement). Refinement changes no update
+# (tests/integration/test_end_to_end.py), so seed k of an arm there is seed k of the decisive
+# sweep's arm, read more densely near the targets. The targets are the decisive sweep's, fixed
+# when these sweeps were added so that both read the same ones (results.json ->
+# sweeps.<name>.summary.family_targets on 2026-12-07: pareto from on-policy 1x seeds 0-2,
+# pareto_multiplication from on-policy 3x seeds 0-3).
+DENSE_FAMILIES = ("onpolicy", "fresh")
 DENSE_TARGETS: dict[str, tuple[float, ...]] = {
-    "multiplication": (0.414, 0.604, 0.7939, 0.9838),
+    "pareto": (0.2746, 0.3395, 0.4045, 0.4694),
+    "pareto_multiplication": (0.414, 0.604, 0.7939, 0.9838),
 }
-DENSE_BAND = {"multiplication": 0.06}  # a third of the targets' spacing (0.19)
+DENSE_BANDS = {"pareto": 0.02, "pareto_multiplication": 0.06}
 DENSE_SPLITS = 4
 
 
-def pareto_dense(task: str, config: str, families: Sequence[str]) -> Sweep:
-  """`pareto_<task>_dense`: `pareto_task`'s arms with the evaluation grid refined near
-  `DENSE_TARGETS[task]` (the block comment above); its compute-to-target readings use those
-  targets."""
-  base = pareto_task(task, config, families)
-  refine = (("eval.refine_levels", DENSE_TARGETS[task]), ("eval.refine_band", DENSE_BAND[task]),
+def dense_of(base: Sweep, families: Sequence[str] = DENSE_FAMILIES) -> Sweep:
+  """`<base>_dense`: the arms of the decisive sweep `base` of `families` with the evaluation grid
+  refined near `DENSE_TARGETS[base.name]` (the block comment above); its compute-to-target readings
+  use those targets."""
+  targets = DENSE_TARGETS[base.name]
+  refine = (("eval.refine_levels", targets), ("eval.refine_band", DENSE_BANDS[base.name]),
             ("eval.refine_splits", DENSE_SPLITS))
   return dataclasses.replace(
-      base, name=f"{base.name}_dense", targets=DENSE_TARGETS[task], protocol=base.protocol + refine,
-      description=f"Issue 37 item 4: the arms of {base.name} ({', '.join(families)}) with the "
-      f"evaluation grid refined {DENSE_SPLITS}-fold near its targets {DENSE_TARGETS[task]}: the "
-      "same training runs, their compute to each target read between points 6% apart.")
+      base, name=f"{base.name}_dense", targets=targets, protocol=base.protocol + refine,
+      arms=tuple(a for a in base.arms if a.family in families),
+      description=f"Issue 37 item 4: the {', '.join(families)} arms of {base.name} with the "
+      f"evaluation grid refined {DENSE_SPLITS}-fold near its targets {targets}: the same "
+      "training runs, their compute to each target read between points 6% apart.")
 
 
 def _pareto() -> Sweep:
@@ -514,7 +516,8 @@ def _sweeps() -> dict[str, Sweep]:
       _pareto_i26(),
       _pareto(),
       pareto_task("multiplication", MULTIPLICATION_CONFIG, MULTIPLICATION_FAMILIES),
-      pareto_dense("multiplication", MULTIPLICATION_CONFIG, DENSE_FAMILIES),
+      dense_of(_pareto()),
+      dense_of(pareto_task("multiplication", MULTIPLICATION_CONFIG, MULTIPLICATION_FAMILIES)),
       _stability(),
       _offpolicy_screen(),
       _multiturn(),

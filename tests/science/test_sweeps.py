@@ -156,22 +156,25 @@ def test_the_multiplication_sweep():
     validation.validate_config(c)
 
 
-def test_the_dense_sweep_is_the_decisive_sweeps_runs_with_a_refined_grid():
-  """`--sweep=pareto_multiplication_dense` (issue 37 item 4): each of its runs has exactly the args
-  of the same arm and seed of pareto_multiplication plus the three eval.refine_* keys (refinement
-  changes no update: tests/integration), its targets are pareto_multiplication's, fixed."""
-  dense = runner.plan_sweep(sweeps.SWEEPS["pareto_multiplication_dense"], 2)
-  decisive = runner.plan_sweep(sweeps.SWEEPS["pareto_multiplication"], 2)
-  assert dense["targets"] == list(sweeps.DENSE_TARGETS["multiplication"])
-  assert "targets" not in decisive
-  assert {a["family"] for a in dense["arms"].values()} == set(sweeps.DENSE_FAMILIES)
+@pytest.mark.parametrize("name", ["pareto", "pareto_multiplication"])
+def test_the_dense_sweeps_are_the_decisive_sweeps_runs_with_a_refined_grid(name):
+  """`--sweep=<name>_dense` (issue 37 item 4): each of its runs has exactly the args of the same
+  arm and seed of the decisive sweep plus the three eval.refine_* keys (refinement changes no
+  update: tests/integration), its arms are the on-policy and FreshPER ones, its targets the
+  decisive sweep's, fixed."""
+  dense = runner.plan_sweep(sweeps.SWEEPS[f"{name}_dense"], 2)
+  decisive = runner.plan_sweep(sweeps.SWEEPS[name], 2)
+  assert dense["targets"] == list(sweeps.DENSE_TARGETS[name]) and "targets" not in decisive
+  assert {a["family"] for a in dense["arms"].values()} == {"onpolicy", "fresh"}
+  assert len(dense["arms"]) == 6 and dense["baseline"] == decisive["baseline"]
   same = {(s.arm, s.seed): dict(s.overrides) for s in decisive["specs"]}
   for spec in dense["specs"]:
     o = dict(spec.overrides)
-    assert o.pop("eval.refine_levels") == sweeps.DENSE_TARGETS["multiplication"]
-    assert o.pop("eval.refine_band") == 0.06 and o.pop("eval.refine_splits") == 4
+    assert o.pop("eval.refine_levels") == sweeps.DENSE_TARGETS[name]
+    assert o.pop("eval.refine_band") == sweeps.DENSE_BANDS[name]
+    assert o.pop("eval.refine_splits") == 4
     assert o == same[(spec.arm, spec.seed)]
-    assert spec.rel_dir.startswith("runs/pareto_multiplication_dense/")
+    assert spec.rel_dir.startswith(f"runs/{name}_dense/")
     c = runner.load_config(spec.config)
     sweeps.apply(c, spec.overrides)
     validation.validate_config(c)
