@@ -37,6 +37,8 @@ SHORTEN = (
     (r"python bench/bench_buffer\.py\b", "--quick"),
     (r"python bench/profile_train_step\.py\b", "--steps 1 --shapes small"),
     (r"python bench/bench_dots\.py\b", "--rounds 1 --repeats 1 --libraries default,eigen"),
+    (r"python bench/bench_train_step\.py\b", "--rounds 1 --steps 1 --shapes small,tiny_default"),
+    (r"python bench/bench_console\.py\b", "--reps 1"),
 )
 # Appended to a command that is not run (skipped, or cited in prose) to check it without running it.
 DRY = ((r"python -m jaxreplay\.experiments\b", "--dry_run"),)
