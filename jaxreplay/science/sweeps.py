@@ -346,8 +346,11 @@ TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
 # again with the evaluation grid refined near its targets (`eval.refine_levels`: 4 parts per grid
 # step, 2^(1/12) = 6% apart, where a target is within `DENSE_BANDS` pass@1, a third of the targets'
 # spacing, or two rises of the last measurement). Refinement changes no update
-# (tests/integration/test_end_to_end.py), so seed k of an arm there is seed k of the decisive
-# sweep's arm, read more densely near the targets. The targets are the decisive sweep's, fixed
+# (tests/integration/test_end_to_end.py), so seed k of an arm there reruns seed k of the decisive
+# sweep's arm, read more densely near the targets: the same rollouts until float rounding flips a
+# sampled token (measured: on-policy 10x seed 0 drew the same rollouts to step ~35 of 217, its
+# losses 1e-8 apart, past its first three targets; then the two drift apart as any two reruns of a
+# seed on this CPU do). The targets are the decisive sweep's, fixed
 # when these sweeps were added so that both read the same ones (results.json ->
 # sweeps.<name>.summary.family_targets on 2026-12-07: pareto from on-policy 1x seeds 0-2,
 # pareto_multiplication from on-policy 3x seeds 0-3).
@@ -371,8 +374,8 @@ def dense_of(base: Sweep, families: Sequence[str] = DENSE_FAMILIES) -> Sweep:
       base, name=f"{base.name}_dense", targets=targets, protocol=base.protocol + refine,
       arms=tuple(a for a in base.arms if a.family in families),
       description=f"Issue 37 item 4: the {', '.join(families)} arms of {base.name} with the "
-      f"evaluation grid refined {DENSE_SPLITS}-fold near its targets {targets}: the same "
-      "training runs, their compute to each target read between points 6% apart.")
+      f"evaluation grid refined {DENSE_SPLITS}-fold near its targets {targets}: reruns of "
+      "its seeds, their compute to each target read between points 6% apart.")
 
 
 def _pareto() -> Sweep:
