@@ -349,8 +349,9 @@ TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
 # (tests/integration/test_end_to_end.py), so seed k of an arm there reruns seed k of the decisive
 # sweep's arm, read more densely near the targets: the same rollouts until float rounding flips a
 # sampled token (measured: on-policy 10x seed 0 drew the same rollouts to step ~35 of 217, its
-# losses 1e-8 apart, past its first three targets; then the two drift apart as any two reruns of a
-# seed on this CPU do). The targets are the decisive sweep's, fixed
+# losses 1e-8 apart, past its first three targets; then the two drift apart. The decisive run was
+# built from older code (the loss closure has moved module since), and the tiny config's reruns are
+# bit for bit the same, so the rounding is a build difference). The targets are the decisive sweep's, fixed
 # when these sweeps were added so that both read the same ones (results.json ->
 # sweeps.<name>.summary.family_targets on 2026-12-07: pareto from on-policy 1x seeds 0-2,
 # pareto_multiplication from on-policy 3x seeds 0-3).
