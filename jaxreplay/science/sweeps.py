@@ -347,11 +347,11 @@ TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
 # step, 2^(1/12) = 6% apart, where a target is within `DENSE_BANDS` pass@1, a third of the targets'
 # spacing, or two rises of the last measurement). Refinement changes no update
 # (tests/integration/test_end_to_end.py), so seed k of an arm there reruns seed k of the decisive
-# sweep's arm, read more densely near the targets: the same rollouts until float rounding flips a
-# sampled token (measured: on-policy 10x seed 0 drew the same rollouts to step ~35 of 217, its
-# losses 1e-8 apart, past its first three targets; then the two drift apart. The decisive run was
-# built from older code (the loss closure has moved module since), and the tiny config's reruns are
-# bit for bit the same, so the rounding is a build difference). The targets are the decisive sweep's, fixed
+# sweep's arm, read more densely near the targets. Reruns of one build are bit for bit the same
+# (the tiny config's are); against a decisive run built from older code (the loss closure has moved
+# module since) the rollouts are the same until float rounding flips a sampled token: on-policy 10x
+# seed 0 drew the same rollouts to step ~35 of 217 (losses 1e-8 apart), past its first three
+# targets, then the two drift apart. The targets are the decisive sweep's, fixed
 # when these sweeps were added so that both read the same ones (results.json ->
 # sweeps.<name>.summary.family_targets on 2026-12-07: pareto from on-policy 1x seeds 0-2,
 # pareto_multiplication from on-policy 3x seeds 0-3).
