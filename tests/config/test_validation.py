@@ -265,6 +265,10 @@ def test_eval_errors():
        ["eval.passk_grid=(3.0,)", "subset of eval.compute_grid=(1.0, 2.0)"]),
       (dict(eval__batch_size=-1), ["eval.batch_size=-1", ">= 0"]),
       (dict(eval__pass1_problems=10 ** 6), [f"eval.pass1_problems={10 ** 6}", "[0, eval.num_problems="]),
+      (dict(eval__refine_levels=(0.5,)), ["eval.refine_levels=(0.5,)", "eval.compute_grid, which is empty"]),
+      (dict(eval__compute_grid=(1.0,), eval__refine_levels=(1.5,)), ["eval.refine_levels=(1.5,)", "(0, 1]"]),
+      (dict(eval__refine_band=0.0), ["eval.refine_band=0.0", "> 0"]),
+      (dict(eval__refine_splits=1), ["eval.refine_splits=1", ">= 2"]),
   ])
 
 
