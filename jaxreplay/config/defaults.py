@@ -302,10 +302,14 @@ def base_config() -> ml_collections.ConfigDict:
                                    # evaluation always draws them); () = every evaluation
   c.eval.refine_levels = ()        # pass@1 values (e.g. compute-to-target targets) whose crossing
                                    # is read on a finer grid: when one lies above the last pass@1
-                                   # within refine_band (or twice the last rise), the compute_grid
-                                   # interval ahead is split in refine_splits (pass@1 only there)
+                                   # within refine_band (or the pace's reach: refine_lookahead),
+                                   # the compute_grid interval ahead is split in refine_splits
+                                   # (pass@1 only there)
   c.eval.refine_band = 0.05        # pass@1 below a refine level at which refinement starts
   c.eval.refine_splits = 4         # geometric parts of a refined compute_grid interval (>= 2)
+  c.eval.refine_lookahead = 4.0    # refinement also starts when this many times the last pace
+                                   # (pass@1 rise per device-s) over the compute left to the next
+                                   # grid point reaches a level (a curve that accelerates); 0 = off
   c.eval.num_problems = 64         # held-out problems per evaluation; 0 = no evaluation
   c.eval.pass1_problems = 0        # problems of the evaluations that draw pass@1 only (the compute
                                    # grid's points outside eval.passk_grid): the first n of the

@@ -102,7 +102,7 @@ NO_EFFECT: dict[str, NoEffect] = {
                              "eval.refine_levels or eval.compute_grid is empty (no refinement)",
                              "set eval.refine_levels and eval.compute_grid, or leave it at its "
                              "default")
-       for k in ("refine_band", "refine_splits")},
+       for k in ("refine_band", "refine_splits", "refine_lookahead")},
     "trainer.m2po_threshold": NoEffect(lambda c: c.trainer.off_policy != "m2po",
                                        "trainer.off_policy is not 'm2po'",
                                        "set trainer.off_policy='m2po', or leave it at its default"),

@@ -557,6 +557,9 @@ def eval_errors(e) -> list[str]:
   if not e.refine_band > 0:
     errors.append(f"eval.refine_band={e.refine_band} must be > 0 (pass@1 below a level at which "
                   "refinement starts; e.g. 0.05)")
+  if not e.refine_lookahead >= 0:
+    errors.append(f"eval.refine_lookahead={e.refine_lookahead} must be >= 0 (the multiple of the "
+                  "last pass@1 pace extrapolated over the grid interval ahead; 0 = off, e.g. 4)")
   if e.refine_splits < 2:
     errors.append(f"eval.refine_splits={e.refine_splits} must be >= 2 (the parts of a refined "
                   "grid interval; e.g. 4)")

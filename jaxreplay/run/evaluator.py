@@ -98,7 +98,8 @@ class Evaluator:
                                       data.task, problems, data.codec, **settings)
     else:
       self.last = self._on_engines(problems, settings, eval_weights, run_jobs, job_parallelism)
-    self.grid.observe(self.last.get("eval/pass@1"))  # eval.refine_levels: the grid ahead
+    # eval.refine_levels: the grid ahead (the compute axis where this step ended: its pace)
+    self.grid.observe(self.last.get("eval/pass@1"), self.grid.compute_at_step_end)
     if self.problem_log is not None:
       self.problem_log.write(step, self.parts.telemetry.metrics.compute_seconds(),
                              settings["per_problem"], [p.prompt for p in problems])

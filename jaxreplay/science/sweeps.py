@@ -345,7 +345,7 @@ TASK_PROTOCOL: tuple[tuple[str, Value], ...] = tuple(
 # FreshPER arms of a decisive sweep (FreshPER: the design closest to the goal on both tasks) measured
 # again with the evaluation grid refined near its targets (`eval.refine_levels`: 4 parts per grid
 # step, 2^(1/12) = 6% apart, where a target is within `DENSE_BANDS` pass@1, a third of the targets'
-# spacing, or two rises of the last measurement). Refinement changes no update
+# spacing, or the reach of the curve's pace: `EvalGrid`). Refinement changes no update
 # (tests/integration/test_end_to_end.py), so seed k of an arm there reruns seed k of the decisive
 # sweep's arm, read more densely near the targets. Reruns of one build are bit for bit the same
 # (the tiny config's are); against a decisive run built from older code (the loss closure has moved

@@ -269,6 +269,7 @@ def test_eval_errors():
       (dict(eval__compute_grid=(1.0,), eval__refine_levels=(1.5,)), ["eval.refine_levels=(1.5,)", "(0, 1]"]),
       (dict(eval__refine_band=0.0), ["eval.refine_band=0.0", "> 0"]),
       (dict(eval__refine_splits=1), ["eval.refine_splits=1", ">= 2"]),
+      (dict(eval__refine_lookahead=-1.0), ["eval.refine_lookahead=-1.0", ">= 0"]),
   ])
 
 

@@ -88,13 +88,13 @@ def test_refinement_only_near_a_level_and_its_state_resumes():
   grid.start()
   grid.observe(0.1)
   grid.due(1, False, lambda: 10.0)
-  assert grid.observe(0.12) == []  # 0.9 is beyond 0.12 + max(0.05, 2 x 0.02)
+  assert grid.observe(0.12) == []  # 0.9 is beyond 0.12 + max(0.05, 2 x 0.02); no compute: no pace
   grid.due(2, False, lambda: 20.0)
   assert len(grid.observe(0.86)) == 3  # within the band below 0.9
   grid.due(3, False, lambda: 24.0)
   grid.compute_at_step_end = 24.0
   state = grid.state_dict()
-  assert set(state) == {"next", "compute_at_step_end", "added", "last_pass1"}
+  assert set(state) == {"next", "compute_at_step_end", "added", "last_pass1", "last_compute"}
   resumed = EvalGrid((10.0, 20.0, 40.0), refine_levels=(0.9,), refine_band=0.05)
   resumed.load_state_dict(state)
   assert resumed.points == grid.points and resumed.next == grid.next == 3
@@ -111,3 +111,45 @@ def test_refinement_adds_no_pass_k_draws_without_a_passk_grid():
   grid.observe(0.48)
   assert grid.due(2, False, lambda: 24.0) and not grid.passk_due
   assert grid.due(3, False, lambda: 40.0) and grid.passk_due
+
+
+def test_the_pace_lookahead_catches_a_curve_that_accelerates():
+  """Hand-computed from on-policy 3x seed 2 of pareto_multiplication_dense (the case the old rule
+  missed): grid 784, 987.8, 1245, level 0.414, band 0.06. Evaluated 0.284 at 887 device-s and 0.304
+  at 1000: the band and twice the rise (0.04) reach 0.364 only; the pace, 0.02 / 113 per device-s,
+  over the 245 device-s to 1245, times 4 (the default), reaches 0.304 + 0.1735 = 0.477 >= 0.414, so
+  987.8 -> 1245 is split. With the lookahead off (0) it is not, nor with 2 (reach 0.0867: 0.391)."""
+  def run(lookahead):
+    grid = EvalGrid((784.0, 987.8, 1245.0), refine_levels=(0.414,), refine_band=0.06,
+                    refine_lookahead=lookahead)
+    assert grid.due(7, False, lambda: 887.0) and grid.observe(0.284, 887.0) == []
+    assert grid.due(8, False, lambda: 1000.0)
+    return grid, grid.observe(0.304, 1000.0)
+  grid, added = run(4.0)
+  ratio = 1245.0 / 987.8
+  np.testing.assert_allclose(added, [987.8 * ratio ** (j / 4) for j in (1, 2, 3)])
+  assert grid.last_compute == 1000.0
+  assert run(0.0)[1] == [] and run(2.0)[1] == [] and len(run(2.7)[1]) == 3  # 2.7: 0.421
+  grid = EvalGrid((784.0, 987.8, 1245.0), refine_levels=(0.414,), refine_band=0.06)
+  grid.due(7, False, lambda: 887.0)
+  grid.observe(0.284, 887.0)
+  assert grid.due(8, False, lambda: 1000.0) and grid.observe(0.27, 1000.0) == []  # a fall: band
+
+
+def test_the_pace_survives_a_resume_and_an_old_checkpoint_has_none():
+  """`last_compute` is saved with the refine state; a checkpoint from before it resumes with the
+  pace unknown (the band and twice the last rise only) until the next evaluation."""
+  grid = EvalGrid((784.0, 987.8, 1245.0), refine_levels=(0.414,), refine_band=0.06)
+  grid.due(7, False, lambda: 887.0)
+  grid.observe(0.284, 887.0)
+  grid.compute_at_step_end = 887.0
+  state = grid.state_dict()
+  resumed = EvalGrid((784.0, 987.8, 1245.0), refine_levels=(0.414,), refine_band=0.06)
+  resumed.load_state_dict(state)
+  assert (resumed.last_pass1, resumed.last_compute) == (0.284, 887.0)
+  assert resumed.due(8, False, lambda: 1000.0) and len(resumed.observe(0.304, 1000.0)) == 3
+  old = {k: v for k, v in state.items() if k != "last_compute"}
+  before = EvalGrid((784.0, 987.8, 1245.0), refine_levels=(0.414,), refine_band=0.06)
+  before.load_state_dict(old)
+  assert before.last_compute is None
+  assert before.due(8, False, lambda: 1000.0) and before.observe(0.304, 1000.0) == []
