@@ -18,16 +18,18 @@ the next grid point, whichever reaches farthest), the grid interval ahead is spl
 the configured grid is split (the parts are not split again); the added points draw pass@1 only.
 Evaluation samples its own noise, so the added points change no update of the run.
 
-Why the slope lookahead: "twice the last rise" is the pace of a curve linear in compute on a grid
-whose points double (the interval ahead is twice the one behind), so a curve that accelerates can
-cross a level between two unrefined points. On-policy 3x seed 2 of `pareto_multiplication_dense`
-rose 0.284 -> 0.304 over 113 device-s and then 0.304 -> 0.437 over the next grid interval (245
-device-s ahead), 2.3x its pace: that rule's reach (0.06) missed 0.414, while 4 x the pace over the
-interval ahead (0.17) reaches it. 4 is the smallest multiple at which, replayed on both decisive
-sweeps' own evaluations (`bench/refine_replay.py`), every first target crossing left between
-unrefined points follows a flat or falling evaluation (noise, which no pace predicts): 2 of 172 on
-multiplication and 2 of 108 on the scratchpad, against 6 and 5 without the lookahead. It costs pass@1
-evaluations only (30-35% more intervals split).
+Why the pace lookahead: on a geometric grid of ratio r the interval ahead is r times the one behind
+(evaluations fall at step ends, so in practice anywhere from 1 to ~2 times), and "twice the last rise"
+covers a curve whose pace grows by up to 2 / r (1.6x on the decisive sweeps' grids, r = 2^(1/3)); a
+curve that accelerates more crosses a level between two unrefined points. On-policy 3x seed 2 of
+`pareto_multiplication_dense` rose 0.284 -> 0.304 over 113 device-s and then 0.304 -> 0.437 over
+the next grid interval (245 device-s ahead), 2.3x its pace: that rule's reach (0.06) missed 0.414,
+while 4 x the pace over the interval ahead (0.17) reaches it. 4 is the smallest of the multiples
+tried (2, 3, 4, 5, 6) at which, replayed on both decisive sweeps' own evaluations
+(`bench/refine_replay.py`), every first target crossing left between unrefined points follows a
+flat or falling evaluation (noise, which no pace predicts): 2 of 172 on multiplication and 2 of 108
+on the scratchpad, against 6 and 5 without the lookahead. It costs pass@1 evaluations only (30-35%
+more intervals split).
 """
 from __future__ import annotations
 
