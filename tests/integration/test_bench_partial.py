@@ -4,22 +4,16 @@ update to the last, and the paired differences are continue minus off of the sam
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers.paths import REPO
+from tests.helpers.paths import bench_module
 
 
 @pytest.fixture(name="bench")
 def fixture_bench():
-  sys.path.insert(0, os.path.join(REPO, "bench"))
-  try:
-    import bench_partial  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.remove(os.path.join(REPO, "bench"))
-  return bench_partial
+  return bench_module("bench_partial")
 
 
 def write_run(workdir, steps, wait_per_step, tokens_per_step, gen_per_step, pass1_end,

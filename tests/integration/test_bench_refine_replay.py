@@ -3,21 +3,15 @@ grid points, the rule without the pace lookahead leaves that first crossing unre
 lookahead (3) refines it; a later re-crossing is not counted again."""
 import json
 import os
-import sys
 
 import pytest
 
-from tests.helpers.paths import REPO
+from tests.helpers.paths import bench_module
 
 
 @pytest.fixture(name="bench")
 def fixture_bench():
-  sys.path.insert(0, os.path.join(REPO, "bench"))
-  try:
-    import refine_replay  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.remove(os.path.join(REPO, "bench"))
-  return refine_replay
+  return bench_module("refine_replay")
 
 
 def write_record(runs, evals):

@@ -1,24 +1,18 @@
 """The PyTorch peer of `bench/bench_train_step.py` computes what jaxreplay's train step computes:
 from one HF dir and one batch, the GRPO loss at the initial weights and after one and two AdamW
 updates (with gradient clipping) agree, so the bench compares equal work."""
-import os
-import sys
 
 import jax
 import numpy as np
 
 from tests.helpers.deps import require
-from tests.helpers.paths import REPO
+from tests.helpers.paths import bench_module
 
 
 def test_peer_and_jaxreplay_take_the_same_steps(tmp_path):
   require("torch")
   require("transformers")
-  sys.path.insert(0, os.path.join(REPO, "bench"))
-  try:
-    import bench_train_step as bts  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.remove(os.path.join(REPO, "bench"))
+  bts = bench_module("bench_train_step")
   assert bts.torch_peer is not None
   from jaxreplay.models import hf_io, presets, transformer  # pylint: disable=g-import-not-at-top
   cfg = presets.tiny(num_hidden_layers=2)
