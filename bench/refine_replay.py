@@ -20,8 +20,11 @@ import os
 import sys
 from typing import Any, Sequence
 
-from jaxreplay.run.eval_grid import EvalGrid
-from jaxreplay.science import sweeps
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_io import write_json  # noqa: E402
+from jaxreplay.run.eval_grid import EvalGrid  # noqa: E402
+from jaxreplay.science import sweeps  # noqa: E402
 
 
 def replay_run(record: dict[str, Any], levels: Sequence[float], band: float,
@@ -80,11 +83,8 @@ def main(argv=None) -> None:
   for r in rows:
     print(f"{r['sweep']:<24}{r['lookahead']:>10.1f}{r['runs']:>6}{r['intervals']:>10}"
           f"{r['refined']:>9}{r['first_crossings']:>15}{r['first_missed']:>14}")
-  os.makedirs(a.out, exist_ok=True)
-  with open(os.path.join(a.out, "refine_replay.json"), "w") as f:
-    json.dump({"command": " ".join(["python bench/refine_replay.py",
-                                           *(sys.argv[1:] if argv is None else argv)]), "rows": rows},
-              f, indent=1)
+  command = " ".join(["python bench/refine_replay.py", *(sys.argv[1:] if argv is None else argv)])
+  write_json(a.out, "refine_replay.json", {"command": command, "rows": rows})
 
 
 if __name__ == "__main__":
