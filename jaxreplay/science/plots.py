@@ -72,6 +72,39 @@ def _save(fig, path: str) -> str:
   return path
 
 
+# More legend entries than this go in one legend below the panels: a 24-arm sweep's legend inside
+# a 4-inch panel covers the curves, and constrained layout collapses the axes around it.
+LEGEND_INLINE_MAX = 8
+LINESTYLES = ("-", "--", ":", "-.", (0, (1, 3)), (0, (5, 5)))
+
+
+def _legend(fig, axes) -> None:
+  """Each panel's own legend while it is short; else the first panel's entries once, in columns
+  below the panels, with the figure grown by their rows."""
+  handles, labels = axes[0].get_legend_handles_labels()
+  if len(labels) <= LEGEND_INLINE_MAX:
+    for ax in axes:
+      ax.legend(fontsize="small")
+    return
+  ncol = max(1, int(fig.get_figwidth() // 2.7))
+  rows = -(-len(labels) // ncol)
+  fig.set_figheight(fig.get_figheight() + 0.2 * rows)
+  fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize="small")
+
+
+def _arm_styles(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{arm: {"color", "linestyle"}}: one color per family (an arm without one is its own), one line
+  style per arm within it in plan order (the rates), so 24 arms of 9 families stay apart."""
+  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+  plan = sweep.get("arms", {})
+  families: dict[str, list[str]] = {}
+  for arm in sweep["summary"]["arms"]:
+    families.setdefault(plan.get(arm, {}).get("family") or arm, []).append(arm)
+  cmap = colormaps["tab10" if len(families) <= 10 else "tab20"]
+  return {arm: {"color": cmap(i % cmap.N), "linestyle": LINESTYLES[j % len(LINESTYLES)]}
+          for i, members in enumerate(families.values()) for j, arm in enumerate(members)}
+
+
 def _band(ax, x, q: dict[str, Sequence], label: str, **kw) -> None:
   med, lo, hi = _arr(q["median"]), _arr(q["q25"]), _arr(q["q75"])
   ok = ~np.isnan(med)
@@ -93,13 +126,14 @@ def plot_curves(name: str, sweep: dict[str, Any], metrics: Sequence[tuple[str, s
   if not metrics or not summ["arms"]:
     return None
   fig, axes = _new_figure(len(metrics))
+  styles = _arm_styles(sweep)
   for ax, (m, ylabel) in zip(axes, metrics):
     for arm, s in summ["arms"].items():
-      _band(ax, summ["grid"], s["grid"][m], _label(arm, s))
+      _band(ax, summ["grid"], s["grid"][m], _label(arm, s), **styles[arm])
     ax.set_xlabel(COMPUTE_LABEL)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+  _legend(fig, axes)
   _title(fig, f"{name}: {title}")
   return _save(fig, path)
 
@@ -108,14 +142,14 @@ def plot_passk(name: str, sweep: dict[str, Any], path: str, words: dict[str, str
                ) -> Optional[str]:
   summ = sweep["summary"]
   fig, axes = _new_figure(1)
-  ax, drawn = axes[0], False
+  ax, drawn, styles = axes[0], False, _arm_styles(sweep)
   for arm, s in summ["arms"].items():
     pk = s["passk_final"]
     if not pk["k"]:
       continue
     med, lo, hi = _arr(pk["median"]), _arr(pk["q25"]), _arr(pk["q75"])
     ax.errorbar(pk["k"], med, yerr=[med - lo, hi - med], marker="o", capsize=3,
-                label=_label(arm, s))
+                label=_label(arm, s), **styles[arm])
     drawn = True
   if not drawn:
     return None
@@ -125,7 +159,7 @@ def plot_passk(name: str, sweep: dict[str, Any], path: str, words: dict[str, str
   ax.set_xlabel("k (samples per problem)")
   ax.set_ylabel(f"pass@k ({words['passk']})")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
+  _legend(fig, axes)
   _title(fig, f"{name}: pass@k at the final compute budget ({sweep['budget']:g} device-seconds),"
                f" median and IQR over seeds")
   return _save(fig, path)
@@ -179,22 +213,23 @@ def plot_pareto(name: str, sweep: dict[str, Any], path: str, words: dict[str, st
   for arm in summ["arms"]:
     families.setdefault(arms[arm]["family"] or arm, []).append(arm)
   fig, axes = _new_figure(1, width=7.0)
-  ax, grid = axes[0], np.asarray(summ["grid"])
+  ax, grid, styles = axes[0], np.asarray(summ["grid"]), _arm_styles(sweep)
   for fam, members in families.items():
     curves = np.stack([_arr(summ["arms"][a]["grid"][stats_lib.PRIMARY]["median"])
                        for a in members])
     frontier = np.full(len(grid), np.nan)
     ok = ~np.isnan(curves).all(axis=0)
     frontier[ok] = np.nanmax(curves[:, ok], axis=0)
-    line, = ax.plot(grid[ok], frontier[ok], linewidth=2.5, label=f"{fam}: best over LRs")
-    for a, c, style in zip(members, curves, ("--", ":", "-.", (0, (1, 3)), (0, (5, 5)))):
+    line, = ax.plot(grid[ok], frontier[ok], linewidth=2.5, label=f"{fam}: best over LRs",
+                    color=styles[members[0]]["color"])
+    for a, c, style in zip(members, curves, LINESTYLES[1:]):
       m = ~np.isnan(c)
       ax.plot(grid[m], c[m], linewidth=0.9, linestyle=style, color=line.get_color(), alpha=0.7,
               label=a)
   ax.set_xlabel(COMPUTE_LABEL)
   ax.set_ylabel(f"median {words['pass1']}")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
+  _legend(fig, axes)
   _title(fig, f"{name}: Pareto frontier over constant learning rates (thin: each LR)")
   return _save(fig, path)
 

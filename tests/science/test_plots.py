@@ -2,6 +2,7 @@
 of issue 37 (one line per family with its interval band, the 1.0 and 0.6 lines) is written, with
 its title and axes in words; sweeps without families get none."""
 import os
+import warnings
 
 import numpy as np
 
@@ -10,12 +11,13 @@ from jaxreplay.science import families as fm
 from jaxreplay.science import stats as st
 
 
-def _sweep():
-  """Two families x two rates x 3 seeds of straight-line curves (replay 1.6x faster)."""
+def _sweep(families=(("onpolicy", 1.0), ("replay", 1.6)), rates=((1e-5, 0.8), (3e-5, 1.0))):
+  """Families x rates x 3 seeds of straight-line curves (by default two of each, replay 1.6x
+  faster)."""
   xs = np.linspace(0.0, 100.0, 11)
   curves, plan = {}, {}
-  for fam, speed in (("onpolicy", 1.0), ("replay", 1.6)):
-    for lr, scale in ((1e-5, 0.8), (3e-5, 1.0)):
+  for fam, speed in families:
+    for lr, scale in rates:
       arm = f"{fam}_{lr:g}"
       curves[arm] = {s: [{"compute_seconds": float(x),
                           "eval/pass@1": float(0.2 + 0.003 * speed * scale * (1 + 0.05 * s) * x)}
@@ -59,3 +61,35 @@ def test_the_compute_to_target_axis_names_the_problems_pass1_was_measured_on():
   assert plots._pass1_problems({"num_problems": 1024, "pass1_problems": 0}) == (
       "1024 held-out problems")
   assert plots._pass1_problems({"num_problems": 64, "pass1_problems": 64}) == "64 held-out problems"
+
+
+def test_a_sweep_of_27_arms_gets_one_legend_below_and_no_layout_warning(tmp_path):
+  # the issue-37 pareto sweep: 9 families x 3 rates; its legend inside a panel collapsed the axes
+  # ("constrained_layout not applied") and covered the curves, and tab10 reused colors across arms
+  names = ["onpolicy", "replay", "posbias", "maxuses2", "adaptive", "adaptive_nobias",
+           "gradient_gate", "fresh", "ppo_epochs"]
+  sweep = _sweep(tuple((n, 1.0 + 0.1 * i) for i, n in enumerate(names)),
+                 ((1e-5, 0.8), (3e-5, 1.0), (1e-4, 1.1)))
+  styles = plots._arm_styles(sweep)
+  assert len(styles) == 27
+  for n in names:
+    members = [styles[f"{n}_{lr:g}"] for lr in (1e-5, 3e-5, 1e-4)]
+    assert len({m["color"] for m in members}) == 1  # one color per family
+    assert len({str(m["linestyle"]) for m in members}) == 3  # one line style per rate
+  assert len({styles[f"{n}_1e-05"]["color"] for n in names}) == 9
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    written = plots.plot_sweep("pareto", sweep, str(tmp_path))
+  assert {os.path.basename(p) for p in written} >= {
+      "pareto_accuracy.png", "pareto_pareto.png"}
+  fig, axes = plots._new_figure(2)
+  for ax in axes:
+    for i in range(27):
+      ax.plot([0, 1], [i, i], label=f"arm {i}")
+  plots._legend(fig, axes)
+  assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in axes)
+  assert len(fig.legends[0].get_texts()) == 27 and fig.get_figheight() > 4.0
+  fig, axes = plots._new_figure(1)
+  axes[0].plot([0, 1], [0, 1], label="one arm")
+  plots._legend(fig, axes)
+  assert not fig.legends and axes[0].get_legend() is not None
