@@ -92,14 +92,20 @@ def _legend(fig, axes) -> None:
   fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize="small")
 
 
-def _arm_styles(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
-  """{arm: {"color", "linestyle"}}: one color per family (an arm without one is its own), one line
-  style per arm within it in plan order (the rates), so 24 arms of 9 families stay apart."""
-  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+def _families(sweep: dict[str, Any]) -> dict[str, list[str]]:
+  """{family: its arms in plan order}; an arm without a family is its own."""
   plan = sweep.get("arms", {})
   families: dict[str, list[str]] = {}
   for arm in sweep["summary"]["arms"]:
     families.setdefault(plan.get(arm, {}).get("family") or arm, []).append(arm)
+  return families
+
+
+def _arm_styles(sweep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{arm: {"color", "linestyle"}}: one color per family, one line style per arm within it in plan
+  order (the rates), so 24 arms of 9 families stay apart."""
+  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
+  families = _families(sweep)
   cmap = colormaps["tab10" if len(families) <= 10 else "tab20"]
   return {arm: {"color": cmap(i % cmap.N), "linestyle": LINESTYLES[j % len(LINESTYLES)]}
           for i, members in enumerate(families.values()) for j, arm in enumerate(members)}
@@ -208,10 +214,7 @@ def plot_final_peak(name: str, sweep: dict[str, Any], path: str, words: dict[str
 
 def plot_pareto(name: str, sweep: dict[str, Any], path: str, words: dict[str, str]
                 ) -> Optional[str]:
-  summ, arms = sweep["summary"], sweep["arms"]
-  families: dict[str, list[str]] = {}
-  for arm in summ["arms"]:
-    families.setdefault(arms[arm]["family"] or arm, []).append(arm)
+  summ, families = sweep["summary"], _families(sweep)
   fig, axes = _new_figure(1, width=7.0)
   ax, grid, styles = axes[0], np.asarray(summ["grid"]), _arm_styles(sweep)
   for fam, members in families.items():
